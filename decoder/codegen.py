@@ -1,0 +1,270 @@
+"""Turn protocol-table layouts into Python decode functions.
+
+Walking a layout tree for every frame costs more than the frame itself, so each
+(layout, flexible) pair is compiled once, on first use, into a straight-line Python
+function. A compiled function reads only the fields that carry a role (see
+``generate_protocol``) and skips every other field by its length: fixed-size runs become a
+single offset addition, record batches are summarised from their headers, never copied.
+
+A decode function has the signature ``f(buf, pos, end) -> (fields, pos)`` where ``fields``
+is a dict keyed by role (leaf fields) or by field name (structs and arrays of structs that
+hold a role somewhere below). Skip functions have ``s(buf, pos, end) -> pos``. Any read past
+``end`` or an implausible length raises ``Malformed``; ``struct.error``/``IndexError`` from
+reading past the buffer are turned into ``Malformed`` by the caller.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from decoder.primitives import (
+    Malformed,
+    read_uuid,
+    read_uvarint,
+    unpack_int16_array,
+    unpack_int32_array,
+    unpack_int64_array,
+)
+from decoder.records import summarize_records
+
+__all__ = ["Layout", "compile_message"]
+
+Layout = list[list[Any]]  # [name, type, flags, tag, role, children] per field
+
+_FIXED = {"bool": 1, "int8": 1, "int16": 2, "uint16": 2, "int32": 4, "int64": 8, "float64": 8, "uuid": 16}
+_UNPACK = {
+    "bool": "_bool",
+    "int8": "_i8",
+    "int16": "_i16",
+    "uint16": "_u16",
+    "int32": "_i32",
+    "int64": "_i64",
+    "float64": "_f64",
+}
+_ARRAY_UNPACK = {"int16": "_a16", "int32": "_a32", "int64": "_a64"}
+
+NULLABLE = 1
+CLASSIC_ENCODING = 2
+
+_NAMESPACE: dict[str, Any] = {
+    "Malformed": Malformed,
+    "_uv": read_uvarint,
+    "_uuid": read_uuid,
+    "_records": summarize_records,
+    "_a16": unpack_int16_array,
+    "_a32": unpack_int32_array,
+    "_a64": unpack_int64_array,
+    "_i8": struct.Struct(">b").unpack_from,
+    "_i16": struct.Struct(">h").unpack_from,
+    "_u16": struct.Struct(">H").unpack_from,
+    "_i32": struct.Struct(">i").unpack_from,
+    "_i64": struct.Struct(">q").unpack_from,
+    "_f64": struct.Struct(">d").unpack_from,
+    "_bool": lambda b, p: (b[p] != 0,),
+}
+
+_cache: dict[tuple[str, bool, bool], str] = {}  # (layout json, flexible, keep) -> function name
+
+
+def _is_kept(field: list[Any]) -> bool:
+    _name, _ftype, _flags, _tag, role, children = field
+    return role is not None or (children is not None and any(_is_kept(c) for c in children))
+
+
+class _Writer:
+    """Accumulates the source of one function."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.pending_skip = 0  # fixed bytes to skip, folded into one addition
+
+    def emit(self, indent: int, line: str) -> None:
+        self.flush(indent)
+        self.lines.append("    " * indent + line)
+
+    def flush(self, indent: int) -> None:
+        if self.pending_skip:
+            self.lines.append("    " * indent + f"p += {self.pending_skip}")
+            self.pending_skip = 0
+
+
+def _length(w: _Writer, ind: int, compact: bool, wide: bool) -> None:
+    """Emit code leaving a length (or count) in ``n``; -1 means null."""
+    if compact:
+        w.emit(ind, "n = b[p]")
+        w.emit(ind, "if n < 128:")
+        w.emit(ind + 1, "p += 1")
+        w.emit(ind, "else:")
+        w.emit(ind + 1, "n, p = _uv(b, p)")
+        w.emit(ind, "n -= 1")
+    elif wide:
+        w.emit(ind, "n = _i32(b, p)[0]")
+        w.emit(ind, "p += 4")
+    else:
+        w.emit(ind, "n = _i16(b, p)[0]")
+        w.emit(ind, "p += 2")
+
+
+def _field_code(w: _Writer, ind: int, field: list[Any], flexible: bool, keep: bool, target: str) -> None:
+    """Emit code that reads (``keep``) or skips one field. A kept value lands in ``target``."""
+    name, ftype, flags, _tag, role, children = field
+    compact = flexible and not flags & CLASSIC_ENCODING
+    kept = keep and _is_kept(field)
+    if ftype in _FIXED:
+        if kept:
+            if ftype == "uuid":
+                w.emit(ind, f"{target} = _uuid(b, p)")
+            else:
+                w.emit(ind, f"{target} = {_UNPACK[ftype]}(b, p)[0]")
+            w.pending_skip += _FIXED[ftype]
+        else:
+            w.pending_skip += _FIXED[ftype]
+        return
+    if ftype in ("string", "bytes", "records"):
+        _length(w, ind, compact, wide=ftype != "string")
+        if kept and ftype == "string":
+            w.emit(ind, "if n >= 0:")
+            w.emit(ind + 1, "q = p + n")
+            w.emit(ind + 1, "if q > e:")
+            w.emit(ind + 2, f"raise Malformed('{name}: string runs past the frame')")
+            w.emit(ind + 1, f"{target} = b[p:q].decode('utf-8', 'replace')")
+            w.emit(ind + 1, "p = q")
+            w.emit(ind, "else:")
+            w.emit(ind + 1, f"{target} = None")
+        elif kept:  # records: summarise batch headers in place
+            w.emit(ind, "if n > 0:")
+            w.emit(ind + 1, "if p + n > e:")
+            w.emit(ind + 2, f"raise Malformed('{name}: records run past the frame')")
+            w.emit(ind + 1, f"{target} = _records(b, p, p + n)")
+            w.emit(ind + 1, "p += n")
+            w.emit(ind, "else:")
+            w.emit(ind + 1, f"{target} = None")
+        else:
+            w.emit(ind, "if n > 0:")
+            w.emit(ind + 1, "p += n")
+        return
+    if ftype == "{}":  # a single struct, nullable ones carry an int8 presence marker
+        if flags & NULLABLE:
+            w.emit(ind, "if _i8(b, p)[0] < 0:")
+            w.emit(ind + 1, "p += 1")
+            if kept:
+                w.emit(ind + 1, f"{target} = None")
+            w.emit(ind, "else:")
+            w.emit(ind + 1, "p += 1")
+            ind += 1
+        fn = _function(children, flexible, kept)
+        w.emit(ind, f"{target}, p = {fn}(b, p, e)" if kept else f"p = {fn}(b, p, e)")
+        return
+    if not ftype.startswith("[]"):
+        raise ValueError(f"unknown field type {ftype!r}")
+    element = ftype[2:]
+    _length(w, ind, compact, wide=True)
+    w.emit(ind, "if n > e - p:")
+    w.emit(ind + 1, f"raise Malformed('{name}: array count ' + str(n) + ' exceeds the frame')")
+    if kept:
+        w.emit(ind, "if n < 0:")
+        w.emit(ind + 1, f"{target} = None")
+        w.emit(ind, "else:")
+        ind += 1
+    else:
+        w.emit(ind, "if n > 0:")
+        ind += 1
+    if element == "":  # array of structs
+        fn = _function(children, flexible, kept)
+        if kept:
+            w.emit(ind, "v = []")
+            w.emit(ind, "for _ in range(n):")
+            w.emit(ind + 1, f"x, p = {fn}(b, p, e)")
+            w.emit(ind + 1, "v.append(x)")
+            w.emit(ind, f"{target} = v")
+        else:
+            w.emit(ind, "for _ in range(n):")
+            w.emit(ind + 1, f"p = {fn}(b, p, e)")
+    elif element in _FIXED:
+        size = _FIXED[element]
+        if kept and element in _ARRAY_UNPACK:
+            w.emit(ind, f"{target} = {_ARRAY_UNPACK[element]}(b, p, n)")
+        elif kept:
+            w.emit(ind, f"{target} = [_uuid(b, p + {size} * i) for i in range(n)]" if element == "uuid"
+                   else f"{target} = [{_UNPACK[element]}(b, p + {size} * i)[0] for i in range(n)]")
+        w.emit(ind, f"p += {size} * n")
+    elif element in ("string", "bytes"):
+        if kept:
+            w.emit(ind, "v = []")
+        w.emit(ind, "for _ in range(n):")
+        inner = _Writer()
+        _field_code(inner, ind + 1, [name, element, 0 if compact else CLASSIC_ENCODING, None, role if kept else None, None],
+                    flexible, kept, "x")
+        inner.flush(ind + 1)
+        w.lines.extend(inner.lines)
+        if kept:
+            w.emit(ind + 1, "v.append(x)")
+            w.emit(ind, f"{target} = v")
+    else:
+        raise ValueError(f"unknown array element type {element!r}")
+    w.flush(ind)
+
+
+def _tagged_code(w: _Writer, fields: Layout, flexible: bool, keep: bool) -> None:
+    """Emit the tagged-field section that ends every flexible struct."""
+    kept_tags = [f for f in fields if f[3] is not None and keep and _is_kept(f)]
+    w.emit(1, "n = b[p]")
+    w.emit(1, "if n < 128:")
+    w.emit(2, "p += 1")
+    w.emit(1, "else:")
+    w.emit(2, "n, p = _uv(b, p)")
+    w.emit(1, "if n > e - p:")
+    w.emit(2, "raise Malformed('tagged field count exceeds the frame')")
+    w.emit(1, "for _ in range(n):")
+    w.emit(2, "tag, p = _uv(b, p)")
+    w.emit(2, "size, p = _uv(b, p)")
+    w.emit(2, "if p + size > e:")
+    w.emit(3, "raise Malformed('tagged field runs past the frame')")
+    for index, field in enumerate(kept_tags):
+        w.emit(2, ("if" if index == 0 else "elif") + f" tag == {field[3]}:")
+        w.emit(3, "q = p")
+        w.emit(3, "e0, e = e, p + size")
+        _field_code(w, 3, field, flexible, True, f"r[{_key(field)!r}]")
+        w.flush(3)
+        w.emit(3, "p, e = q, e0")
+    w.emit(2, "p += size")
+
+
+def _key(field: list[Any]) -> str:
+    return field[4] if field[4] is not None else field[0]
+
+
+def _function(fields: Layout, flexible: bool, keep: bool) -> str:
+    """Compile (or reuse) the decode/skip function for a struct layout; return its name."""
+    cache_key = (json.dumps(fields, separators=(",", ":")), flexible, keep)
+    if cache_key in _cache:
+        return _cache[cache_key]
+    fn = f"_{'d' if keep else 's'}{len(_cache)}"
+    _cache[cache_key] = fn
+    w = _Writer()
+    w.lines.append(f"def {fn}(b, p, e):")
+    if keep:
+        w.emit(1, "r = {}")
+    for field in fields:
+        if field[3] is not None:
+            continue  # tagged: read in the tagged section below
+        target = f"r[{_key(field)!r}]"
+        _field_code(w, 1, field, flexible, keep, target)
+    if flexible:
+        _tagged_code(w, fields, flexible, keep)
+    w.emit(1, "return (r, p)" if keep else "return p")
+    exec(compile("\n".join(w.lines), f"<kwire layout {fn}>", "exec"), _NAMESPACE)
+    return fn
+
+
+def compile_message(layout: Layout, flexible: bool) -> Callable[[Any, int, int], tuple[dict[str, Any], int]]:
+    """The decode function for a whole message body."""
+    return _NAMESPACE[_function(layout, flexible, True)]
+
+
+def generated_source_lines() -> int:
+    """How many lines of Python the compiled layouts took so far (for diagnostics)."""
+    return len(_cache)

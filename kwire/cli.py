@@ -1,0 +1,23 @@
+"""The `kwire` command line: thin typer wrappers around the decoder, the proxy and the Spark jobs."""
+
+from __future__ import annotations
+
+import typer
+
+from kwire.decode_command import decode
+
+app = typer.Typer(
+    name="kwire",
+    help="Kafka wire-protocol inspection: decode captures, run a recording proxy, analyse with Spark.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def main() -> None:
+    """Kafka wire-protocol inspection."""
+
+
+app.command()(decode)

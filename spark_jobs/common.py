@@ -1,0 +1,272 @@
+"""Helpers shared by every kwire Spark job: reading the dataset, the client identity, time.
+
+The dataset layout and its columns come from :mod:`kwire.schema`; nothing here restates a
+column list. A *client* is ``(client_id, client_ip)``: :func:`client_key` is the one key every
+job groups and joins on, :func:`client_software` the software name/version attached to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.types import StructType
+
+from kwire.schema import CONNECTIONS_SCHEMA, EXCHANGES_SCHEMA
+
+__all__ = [
+    "CLIENT_COLUMNS",
+    "ERROR_NAMES",
+    "Tables",
+    "attach_software",
+    "client_key",
+    "client_software",
+    "connections_spark_schema",
+    "empty_exchanges",
+    "error_name",
+    "event_time",
+    "exchanges_spark_schema",
+    "load_tables",
+    "micros_between",
+    "next_time_after",
+    "partition_results",
+    "with_window_end",
+]
+
+#: Columns that identify a client, then the software columns attached to it, in output order.
+CLIENT_COLUMNS = ("client_id", "client_ip", "client_software_name", "client_software_version")
+
+#: Names of the error codes the jobs single out (the decoder's table names every code).
+ERROR_NAMES = {
+    0: "NONE",
+    3: "UNKNOWN_TOPIC_OR_PARTITION",
+    5: "LEADER_NOT_AVAILABLE",
+    6: "NOT_LEADER_OR_FOLLOWER",
+    7: "REQUEST_TIMED_OUT",
+    13: "NETWORK_EXCEPTION",
+    14: "COORDINATOR_LOAD_IN_PROGRESS",
+    15: "COORDINATOR_NOT_AVAILABLE",
+    16: "NOT_COORDINATOR",
+    35: "UNSUPPORTED_VERSION",
+    56: "KAFKA_STORAGE_ERROR",
+    74: "FENCED_LEADER_EPOCH",
+}
+
+_NULL_ID = "\u0000"
+
+
+def exchanges_spark_schema() -> StructType:
+    return from_arrow_schema(EXCHANGES_SCHEMA)
+
+
+def connections_spark_schema() -> StructType:
+    return from_arrow_schema(CONNECTIONS_SCHEMA)
+
+
+@dataclass(frozen=True)
+class Tables:
+    """The two dataset tables as DataFrames (the ``date`` partition column a string)."""
+
+    exchanges: DataFrame
+    connections: DataFrame
+
+
+def _read_table(spark: SparkSession, root: Path, name: str, schema: StructType) -> DataFrame:
+    base = root / name
+    if not base.is_dir() or not any(base.rglob("*.parquet")):
+        return spark.createDataFrame([], schema)
+    # An explicit schema keeps every type (and the string `date`) the same whatever the files hold.
+    return spark.read.schema(schema).option("basePath", str(base)).parquet(str(base))
+
+
+def load_tables(spark: SparkSession, dataset: str | Path) -> Tables:
+    """Read ``DATASET/exchanges`` and ``DATASET/connections`` (a missing table reads as empty)."""
+    root = Path(dataset)
+    if "://" in str(dataset):  # a cluster path (hdfs://, s3a://): let Spark list it
+        base = str(dataset).rstrip("/")
+        read = spark.read.option("basePath", f"{base}/exchanges")
+        ex = read.schema(exchanges_spark_schema()).parquet(f"{base}/exchanges")
+        co = (
+            spark.read.option("basePath", f"{base}/connections")
+            .schema(connections_spark_schema())
+            .parquet(f"{base}/connections")
+        )
+        return Tables(ex, co)
+    return Tables(
+        _read_table(spark, root, "exchanges", exchanges_spark_schema()),
+        _read_table(spark, root, "connections", connections_spark_schema()),
+    )
+
+
+def empty_exchanges(spark: SparkSession) -> DataFrame:
+    return spark.createDataFrame([], exchanges_spark_schema())
+
+
+def client_key() -> Column:
+    """The client identity as one non-null 64-bit key over ``(client_id, client_ip)``.
+
+    A hash (xxhash64) rather than a string: every job groups, joins and sorts on it, and a long
+    is several times cheaper than a concatenated string at 10M rows. A null client id and an
+    empty one stay distinct. Carry ``client_id``/``client_ip`` alongside for display.
+    """
+    return F.xxhash64(
+        F.coalesce(F.col("client_id"), F.lit(_NULL_ID)), F.coalesce(F.col("client_ip"), F.lit(""))
+    )
+
+
+def client_software(exchanges: DataFrame) -> DataFrame:
+    """Per ``client_key``: client_id, client_ip and the software name(s)/version(s) it announced.
+
+    Several processes can share one (client_id, host); their distinct names and versions are
+    comma-joined. Null when the client never sent ApiVersions v3+. Computed once per
+    ``exchanges`` DataFrame and cached (every job attaches it).
+    """
+    cached = _SOFTWARE.get(id(exchanges))
+    if cached is not None and cached[0] is exchanges:
+        return cached[1]
+
+    def joined(column: str) -> Column:
+        values = F.array_sort(F.collect_set(column))
+        return F.when(F.size(values) > 0, F.array_join(values, ","))
+
+    distinct = (
+        exchanges.where(F.col("status") != "orphan_response")
+        .select(
+            client_key().alias("client_key"),
+            "client_id",
+            "client_ip",
+            "client_software_name",
+            "client_software_version",
+        )
+        .distinct()
+    )
+    software = (
+        distinct.groupBy("client_key")
+        .agg(
+            F.first("client_id", ignorenulls=True).alias("client_id"),
+            F.first("client_ip", ignorenulls=True).alias("client_ip"),
+            joined("client_software_name").alias("client_software_name"),
+            joined("client_software_version").alias("client_software_version"),
+        )
+        .cache()
+    )
+    _SOFTWARE[id(exchanges)] = (exchanges, software)
+    return software
+
+
+_SOFTWARE: dict[int, tuple[DataFrame, DataFrame]] = {}
+
+
+def attach_software(df: DataFrame, exchanges: DataFrame, *, keep_key: bool = False) -> DataFrame:
+    """Put the client columns first in ``df`` (which has ``client_key``): its own client_id and
+    client_ip if it has them, else those seen in ``exchanges``, and the software announced
+    there. Drops ``client_key`` unless ``keep_key``."""
+    software = client_software(exchanges).withColumnsRenamed({"client_id": "_sw_id", "client_ip": "_sw_ip"})
+    rest = [c for c in df.columns if c not in CLIENT_COLUMNS and c != "client_key"]
+    own = df.withColumnsRenamed({c: f"_own_{c}" for c in ("client_id", "client_ip") if c in df.columns})
+    own = own.drop(*[c for c in CLIENT_COLUMNS if c in own.columns])
+    out = own.join(F.broadcast(software), "client_key", "left")
+    ids = [
+        F.coalesce(*[F.col(f"_own_{c}") for c in (name,) if c in df.columns], F.col(f"_sw_{short}")).alias(
+            name
+        )
+        for name, short in (("client_id", "id"), ("client_ip", "ip"))
+    ]
+    lead = ["client_key"] if keep_key else []
+    return out.select(*lead, *ids, "client_software_name", "client_software_version", *rest)
+
+
+def event_time() -> Column:
+    """When an exchange happened: its request time, else (orphan response) its response time."""
+    return F.coalesce(F.col("request_time"), F.col("response_time"))
+
+
+def micros_between(start: str | Column, end: str | Column) -> Column:
+    s = F.col(start) if isinstance(start, str) else start
+    e = F.col(end) if isinstance(end, str) else end
+    return F.unix_micros(e) - F.unix_micros(s)
+
+
+def with_window_end(df: DataFrame, exchanges: DataFrame, name: str = "window_end") -> DataFrame:
+    """Add the end of the observed window: the last request or response time in the dataset."""
+    end = exchanges.agg(
+        F.greatest(F.max("request_time"), F.max("response_time")).alias(name),
+    )
+    return df.crossJoin(F.broadcast(end))
+
+
+def partition_results(exchanges: DataFrame) -> DataFrame:
+    """One row per entry of ``partition_errors`` (error code 0 included), with the exchange's
+    client key, broker, api, times; ``topic`` falls back to the topic id, ``partition`` to -1."""
+    return (
+        exchanges.where(F.size("partition_errors") > 0)
+        .select(
+            client_key().alias("client_key"),
+            "client_id",
+            "client_ip",
+            "broker_ip",
+            "broker_port",
+            "api_key",
+            "api_name",
+            "request_time",
+            "response_time",
+            "group_id",
+            "coordinator_key",
+            F.explode("partition_errors").alias("pe"),
+        )
+        .select(
+            "*",
+            F.coalesce(F.col("pe.topic"), F.col("pe.topic_id")).alias("topic"),
+            F.coalesce(F.col("pe.partition"), F.lit(-1)).alias("partition"),
+            F.col("pe.resource").alias("resource"),
+            F.col("pe.error_code").alias("error_code"),
+        )
+        .drop("pe")
+    )
+
+
+def next_time_after(
+    probes: DataFrame,
+    targets: DataFrame,
+    keys: list[str],
+    probe_time: str,
+    target_time: str,
+    out: str,
+) -> DataFrame:
+    """Add column ``out`` to ``probes``: the earliest ``target_time`` of a ``targets`` row with the
+    same ``keys`` strictly after the probe's ``probe_time`` (null if none).
+
+    Done with one sort per key (a running minimum over time descending), not a range join, so a
+    client with a million errors and a million requests costs O(n log n), not O(n^2).
+    """
+    p = probes.withColumn("_t", F.col(probe_time)).withColumn("_kind", F.lit(0))
+    t = targets.select(*keys, F.col(target_time).alias("_t")).where(F.col("_t").isNotNull())
+    t = t.withColumn("_target", F.col("_t")).withColumn("_kind", F.lit(1))
+    both = p.unionByName(t, allowMissingColumns=True)
+    # Time descending; at equal times the probe sorts first so a target at the same instant
+    # is not "after" it.
+    w = (
+        Window.partitionBy(*keys)
+        .orderBy(F.col("_t").desc_nulls_last(), F.col("_kind"))
+        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    )
+    return (
+        both.withColumn(out, F.min("_target").over(w))
+        .where(F.col("_kind") == 0)
+        .drop("_t", "_kind", "_target")
+    )
+
+
+def error_name(code: Column) -> Column:
+    """Name of an error code column for the codes in :data:`ERROR_NAMES`, else ``ERROR_<code>``."""
+    mapping = F.create_map(*[x for k, v in ERROR_NAMES.items() for x in (F.lit(k), F.lit(v))])
+    return F.coalesce(mapping[code.cast("int")], F.concat(F.lit("ERROR_"), code.cast("string")))
+
+
+def ordered(df: DataFrame, *cols: str | Column) -> DataFrame:
+    """A small result as one sorted partition: one shuffle, no range sampling (``orderBy``
+    would compute the whole plan twice to sample it)."""
+    return df.repartition(1).sortWithinPartitions(*cols)

@@ -1,0 +1,224 @@
+"""Job 6: unanswered requests, connections broken mid-request, reconnect churn, latency
+(incidents 1 and 2: requests that never get an answer, half-open connections, reconnect storms).
+
+* ``connection_health`` (one row per client): connections, brokers, reconnects (connections
+  beyond the first per broker), connections per active minute, short-lived connections (under
+  ``short_s``), how connections ended (fin/rst/idle/open), connections ended mid-request,
+  requests, unanswered requests and their share.
+* ``connection_broken``: each connection that ended by RST or FIN with requests still
+  unanswered, with what it was waiting for and for how long.
+* ``connection_latency``: latency p50/p99/max in ms per api (``scope`` api), per api and broker
+  (api_broker), per api, broker and client (api_broker_client).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from spark_jobs.common import attach_software, client_key, event_time, micros_between, ordered
+
+__all__ = ["broken_connections", "client_connection_health", "latency", "per_connection", "run"]
+
+_CONN = ["source", "connection_id"]
+
+
+def per_connection(exchanges: DataFrame, connections: DataFrame) -> DataFrame:
+    """One row per connection: its client, broker, end, requests and unanswered requests."""
+    ex = exchanges.select(
+        *_CONN,
+        client_key().alias("client_key"),
+        "client_id",
+        "client_ip",
+        "broker_ip",
+        "broker_port",
+        "status",
+        "api_name",
+        "request_time",
+        event_time().alias("ts"),
+    )
+    unanswered = F.col("status") == "unanswered"
+    from_ex = ex.groupBy(*_CONN).agg(
+        F.first("client_key", ignorenulls=True).alias("ex_client_key"),
+        F.first("client_id", ignorenulls=True).alias("ex_client_id"),
+        F.first("client_ip", ignorenulls=True).alias("ex_client_ip"),
+        F.first("broker_ip", ignorenulls=True).alias("ex_broker_ip"),
+        F.first("broker_port", ignorenulls=True).alias("ex_broker_port"),
+        F.sum(F.when(F.col("status") != "orphan_response", 1).otherwise(0)).alias("requests"),
+        F.sum(F.when(unanswered, 1).otherwise(0)).alias("unanswered"),
+        F.min(F.when(unanswered, F.col("request_time"))).alias("first_unanswered_time"),
+        F.max_by(F.when(unanswered, F.col("api_name")), F.when(unanswered, F.col("request_time"))).alias(
+            "last_unanswered_api"
+        ),
+        F.min("ts").alias("ex_first"),
+        F.max("ts").alias("ex_last"),
+    )
+    co = connections.select(
+        *_CONN,
+        client_key().alias("co_client_key"),
+        F.col("client_id").alias("co_client_id"),
+        F.col("client_ip").alias("co_client_ip"),
+        F.col("broker_ip").alias("co_broker_ip"),
+        F.col("broker_port").alias("co_broker_port"),
+        "first_packet_time",
+        "last_packet_time",
+        "end_reason",
+    )
+    both = co.join(from_ex, _CONN, "full")
+    return both.select(
+        *_CONN,
+        F.coalesce("ex_client_key", "co_client_key").alias("client_key"),
+        F.coalesce("ex_client_id", "co_client_id").alias("client_id"),
+        F.coalesce("ex_client_ip", "co_client_ip").alias("client_ip"),
+        F.coalesce("co_broker_ip", "ex_broker_ip").alias("broker_ip"),
+        F.coalesce("co_broker_port", "ex_broker_port").alias("broker_port"),
+        F.coalesce("first_packet_time", "ex_first").alias("opened"),
+        F.coalesce("last_packet_time", "ex_last").alias("closed"),
+        "end_reason",
+        F.coalesce("requests", F.lit(0)).alias("requests"),
+        F.coalesce("unanswered", F.lit(0)).alias("unanswered"),
+        "first_unanswered_time",
+        "last_unanswered_api",
+    )
+
+
+def broken_connections(conns: DataFrame, exchanges: DataFrame) -> DataFrame:
+    broken = conns.where(F.col("end_reason").isin("rst", "fin") & (F.col("unanswered") > 0)).select(
+        "client_key",
+        *_CONN,
+        "broker_ip",
+        "broker_port",
+        "opened",
+        "closed",
+        "end_reason",
+        "requests",
+        "unanswered",
+        "last_unanswered_api",
+        "first_unanswered_time",
+        (micros_between("first_unanswered_time", "closed") / 1e6).alias("waited_s"),
+    )
+    return attach_software(broken, exchanges)
+
+
+def client_connection_health(conns: DataFrame, exchanges: DataFrame, *, short_s: float = 10.0) -> DataFrame:
+    lifetime_s = micros_between("opened", "closed") / 1e6
+    ends = {
+        reason: F.sum(F.when(F.col("end_reason") == reason, 1).otherwise(0))
+        for reason in ("fin", "rst", "idle", "open_at_end")
+    }
+    per_client = (
+        conns.where(F.col("client_key").isNotNull())
+        .groupBy("client_key")
+        .agg(
+            F.count(F.lit(1)).alias("connections"),
+            F.countDistinct("broker_ip", "broker_port").alias("brokers"),
+            F.sum(F.when(lifetime_s < short_s, 1).otherwise(0)).alias("short_connections"),
+            ends["fin"].alias("ended_fin"),
+            ends["rst"].alias("ended_rst"),
+            ends["idle"].alias("ended_idle"),
+            ends["open_at_end"].alias("open_at_end"),
+            F.sum(
+                F.when(F.col("end_reason").isin("fin", "rst") & (F.col("unanswered") > 0), 1).otherwise(0)
+            ).alias("ended_mid_request"),
+            F.sum("requests").alias("requests"),
+            F.sum("unanswered").alias("unanswered"),
+            F.min("opened").alias("first_seen"),
+            F.max("closed").alias("last_seen"),
+        )
+    )
+    active_min = F.greatest(micros_between("first_seen", "last_seen") / 6e7, F.lit(1.0))
+    out = per_client.select(
+        "client_key",
+        "connections",
+        "brokers",
+        (F.col("connections") - F.col("brokers")).alias("reconnects"),
+        (F.col("connections") / active_min).alias("connections_per_min"),
+        "short_connections",
+        "ended_fin",
+        "ended_rst",
+        "ended_idle",
+        "open_at_end",
+        "ended_mid_request",
+        "requests",
+        "unanswered",
+        F.when(F.col("requests") > 0, 100.0 * F.col("unanswered") / F.col("requests")).alias(
+            "unanswered_pct"
+        ),
+        "first_seen",
+        "last_seen",
+    )
+    return attach_software(out, exchanges)
+
+
+def latency(exchanges: DataFrame) -> DataFrame:
+    ok = exchanges.where(F.col("latency_us").isNotNull() & (F.col("status") == "ok")).select(
+        "api_key",
+        "api_name",
+        "broker_ip",
+        "broker_port",
+        client_key().alias("client_key"),
+        "client_id",
+        "client_ip",
+        (F.col("latency_us") / 1000.0).alias("ms"),
+    )
+    stats = [
+        F.count(F.lit(1)).alias("requests"),
+        F.percentile_approx("ms", 0.5, 1000).alias("p50_ms"),
+        F.percentile_approx("ms", 0.99, 1000).alias("p99_ms"),
+        F.max("ms").alias("max_ms"),
+    ]
+    api = ok.groupBy("api_key", "api_name").agg(*stats)
+    api_broker = ok.groupBy("api_key", "api_name", "broker_ip", "broker_port").agg(*stats)
+    api_client = ok.groupBy("api_key", "api_name", "broker_ip", "broker_port", "client_key").agg(
+        F.first("client_id").alias("client_id"), F.first("client_ip").alias("client_ip"), *stats
+    )
+    cols = [
+        "scope",
+        "api_key",
+        "api_name",
+        "broker_ip",
+        "broker_port",
+        "client_id",
+        "client_ip",
+        "requests",
+        "p50_ms",
+        "p99_ms",
+        "max_ms",
+    ]
+    none_s, none_i = F.lit(None).cast("string"), F.lit(None).cast("int")
+    return (
+        api.select(
+            F.lit("api").alias("scope"),
+            "*",
+            none_s.alias("broker_ip"),
+            none_i.alias("broker_port"),
+            none_s.alias("client_id"),
+            none_s.alias("client_ip"),
+        )
+        .select(*cols)
+        .unionByName(
+            api_broker.select(
+                F.lit("api_broker").alias("scope"), "*", none_s.alias("client_id"), none_s.alias("client_ip")
+            ).select(*cols)
+        )
+        .unionByName(api_client.select(F.lit("api_broker_client").alias("scope"), "*").select(*cols))
+    )
+
+
+def run(tables, *, short_s=10.0, **_):
+    conns = per_connection(tables.exchanges, tables.connections)
+    return {
+        "connection_health": ordered(
+            client_connection_health(conns, tables.exchanges, short_s=short_s),
+            F.col("unanswered").desc(),
+            F.col("reconnects").desc(),
+        ),
+        "connection_broken": ordered(broken_connections(conns, tables.exchanges), "closed"),
+        "connection_latency": ordered(latency(tables.exchanges), "scope", F.col("p99_ms").desc()),
+    }
+
+
+if __name__ == "__main__":
+    from spark_jobs.submit import main
+
+    raise SystemExit(main(job="connection_health"))

@@ -1,0 +1,241 @@
+"""Job 2: how each client reacts to a partition error (incident 4: KAFKA_STORAGE_ERROR on JBOD).
+
+For every watched error a client saw for a topic-partition (from ``partition_errors``):
+
+* ``metadata_delay_ms``: until that client's next Metadata request, on any connection;
+* ``requests_before_refresh``: requests for that partition it sent to the same broker after the
+  error and before that refresh (or before the end of the data when it never refreshed);
+* ``first_success_ms``: until its first error-free result for that partition, from any broker;
+* ``verdict``: ``refreshes_metadata`` (a Metadata request within ``refresh_within_s``, with at
+  most ``max_requests_before_refresh`` requests for the partition to that broker before it: a
+  request or two may already be on their way), ``retries_without_refresh`` (more requests for
+  the partition to the same broker before any refresh), ``gives_up`` (neither, and the data goes
+  on for ``refresh_within_s``), ``unknown`` (neither, and the data ends too soon to tell).
+
+The headline puts, per client, its reaction to KAFKA_STORAGE_ERROR (56) next to its reaction to
+NOT_LEADER_OR_FOLLOWER (6): the Java client refreshes on both, sarama < 1.43.3 only on 6.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+from spark_jobs.common import (
+    attach_software,
+    client_key,
+    event_time,
+    micros_between,
+    next_time_after,
+    ordered,
+    partition_results,
+    with_window_end,
+)
+
+__all__ = ["DEFAULT_WATCHED", "VERDICTS", "error_reaction", "error_reaction_headline", "run"]
+
+#: KAFKA_STORAGE_ERROR, NOT_LEADER_OR_FOLLOWER, LEADER_NOT_AVAILABLE, UNKNOWN_TOPIC_OR_PARTITION,
+#: FENCED_LEADER_EPOCH.
+DEFAULT_WATCHED = (56, 6, 5, 3, 74)
+VERDICTS = ("refreshes_metadata", "retries_without_refresh", "gives_up", "unknown")
+
+_TP = ["client_key", "topic", "partition"]
+_BTP = ["client_key", "broker_ip", "broker_port", "topic", "partition"]
+
+
+def _count_requests_between(errors: DataFrame, requests: DataFrame) -> DataFrame:
+    """Add ``requests_before_refresh``: requests in (error_time, horizon) per (client, broker,
+    topic, partition), by a running count over the errors' start/end probes and the requests."""
+    starts = errors.select(*_BTP, "error_id", F.col("error_time").alias("_t"), F.lit(2).alias("_ord"))
+    ends = errors.select(*_BTP, "error_id", F.col("horizon").alias("_t"), F.lit(0).alias("_ord"))
+    reqs = requests.select(
+        *_BTP,
+        F.lit(None).cast("long").alias("error_id"),
+        F.col("request_time").alias("_t"),
+        F.lit(1).alias("_ord"),
+    )
+    # Order: at one instant, an end probe before the requests (exclusive end), a start probe after
+    # them (exclusive start).
+    w = (
+        Window.partitionBy(*_BTP)
+        .orderBy("_t", "_ord")
+        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    )
+    counted = (
+        starts.unionByName(ends)
+        .unionByName(reqs)
+        .withColumn("_n", F.sum(F.when(F.col("_ord") == 1, 1).otherwise(0)).over(w))
+        .where(F.col("_ord") != 1)
+    )
+    per_error = counted.groupBy("error_id").agg(
+        (
+            F.max(F.when(F.col("_ord") == 0, F.col("_n"))) - F.max(F.when(F.col("_ord") == 2, F.col("_n")))
+        ).alias("requests_before_refresh")
+    )
+    return errors.join(per_error, "error_id", "left")
+
+
+def error_reaction(
+    exchanges: DataFrame,
+    *,
+    watched: tuple[int, ...] = DEFAULT_WATCHED,
+    refresh_within_s: float = 10.0,
+    max_requests_before_refresh: int = 2,
+) -> DataFrame:
+    """One row per watched partition error a client saw, with its reaction (see module doc)."""
+    results = partition_results(exchanges)
+    errors = (
+        results.where(F.col("error_code").isin(list(watched)))
+        .withColumn("error_time", F.coalesce("response_time", "request_time"))
+        .withColumn("error_id", F.monotonically_increasing_id())
+        .select("error_id", *_BTP, "client_id", "client_ip", "api_name", "error_code", "error_time")
+        .cache()  # used several times below; the ids must not be drawn twice
+    )
+    metadata = exchanges.where((F.col("api_key") == 3) & (F.col("status") != "orphan_response")).select(
+        client_key().alias("client_key"), event_time().alias("md_time")
+    )
+    errors = next_time_after(errors, metadata, ["client_key"], "error_time", "md_time", "refresh_time")
+    # Only partitions that had errors matter, and only from their first error on: bound the
+    # successes and requests to those before sorting them (most results are successes).
+    spans = (
+        errors.groupBy(*_TP)
+        .agg(F.min("error_time").alias("_first_err"), F.max("error_time").alias("_last_err"))
+        .cache()
+    )
+    ok = (
+        results.where(F.col("error_code") == 0)
+        .select(*_TP, F.coalesce("response_time", "request_time").alias("ok_time"))
+        .join(F.broadcast(spans), _TP)
+        .where(F.col("ok_time") > F.col("_first_err"))
+    )
+    successes = (
+        ok.where(F.col("ok_time") <= F.col("_last_err"))
+        .select(*_TP, "ok_time")
+        .unionByName(
+            ok.where(F.col("ok_time") > F.col("_last_err"))
+            .groupBy(*_TP)
+            .agg(F.min("ok_time").alias("ok_time"))
+        )
+    )
+    errors = next_time_after(errors, successes, _TP, "error_time", "ok_time", "success_time")
+    errors = with_window_end(errors, exchanges).withColumn(
+        "horizon", F.coalesce(F.col("refresh_time"), F.col("window_end") + F.expr("INTERVAL 1 MICROSECOND"))
+    )
+
+    # Requests for a partition: those whose response lists it, plus (no response: unanswered,
+    # acks=0) those naming its topic, fanned out to the partitions that had errors.
+    in_play = errors.groupBy(*_BTP).agg(F.min("error_time").alias("_from"))
+    listed = (
+        results.select(*_BTP, "request_time")
+        .join(F.broadcast(in_play), _BTP)
+        .where(F.col("request_time") > F.col("_from"))
+        .select(*_BTP, "request_time")
+    )
+    no_result = exchanges.where(
+        ((F.size("partition_errors") <= 0) | F.col("partition_errors").isNull()) & (F.size("topics") > 0)
+    ).select(
+        client_key().alias("client_key"),
+        "broker_ip",
+        "broker_port",
+        "request_time",
+        F.explode("topics").alias("topic"),
+    )
+    by_topic = (
+        no_result.join(F.broadcast(in_play), ["client_key", "broker_ip", "broker_port", "topic"])
+        .where(F.col("request_time") > F.col("_from"))
+        .select(*_BTP, "request_time")
+    )
+    requests = listed.unionByName(by_topic)
+    errors = errors.cache()
+    errors = _count_requests_between(errors, requests)
+
+    delay_us = micros_between("error_time", "refresh_time")
+    within = int(refresh_within_s * 1e6)
+    ended_early = micros_between("error_time", "window_end") < within
+    retried = F.coalesce(F.col("requests_before_refresh"), F.lit(0))
+    verdict = (
+        F.when((delay_us <= within) & (retried <= max_requests_before_refresh), "refreshes_metadata")
+        .when(F.col("requests_before_refresh") > 0, "retries_without_refresh")
+        .when(ended_early, "unknown")
+        .otherwise("gives_up")
+    )
+    out = errors.select(
+        "client_key",
+        "broker_ip",
+        "broker_port",
+        "topic",
+        F.when(F.col("partition") >= 0, F.col("partition")).alias("partition"),
+        "api_name",
+        F.col("error_code").cast("short").alias("error_code"),
+        "error_time",
+        "refresh_time",
+        (delay_us / 1000.0).alias("metadata_delay_ms"),
+        F.coalesce(F.col("requests_before_refresh"), F.lit(0)).cast("long").alias("requests_before_refresh"),
+        "success_time",
+        (micros_between("error_time", "success_time") / 1000.0).alias("first_success_ms"),
+        verdict.alias("verdict"),
+    )
+    return attach_software(out, exchanges, keep_key=True)
+
+
+def _count_of(values: F.Column, name: str) -> F.Column:
+    return F.size(F.filter(values, lambda v: v == F.lit(name)))
+
+
+def _dominant_verdict(verdicts: F.Column) -> F.Column:
+    """Most frequent known verdict of a collected list (ties: the worse one); ``unknown`` if none."""
+    best, best_n = F.lit("unknown"), F.lit(0)
+    for name in ("retries_without_refresh", "gives_up", "refreshes_metadata"):  # earlier wins ties
+        n = _count_of(verdicts, name)
+        best = F.when(n > best_n, F.lit(name)).otherwise(best)
+        best_n = F.greatest(n, best_n)
+    return best
+
+
+def error_reaction_headline(reactions: DataFrame, *, codes: tuple[int, int] = (56, 6)) -> DataFrame:
+    """One row per client that saw one of ``codes``: its dominant reaction to each, side by side."""
+    aggs = []
+    for code in codes:
+        hit = F.col("error_code") == code
+        aggs += [
+            F.sum(F.when(hit, 1).otherwise(0)).alias(f"errors_{code}"),
+            _dominant_verdict(F.collect_list(F.when(hit, F.col("verdict")))).alias(f"reaction_{code}"),
+            F.percentile_approx(F.when(hit, F.col("metadata_delay_ms")), 0.5).alias(f"refresh_p50_ms_{code}"),
+            F.max(F.when(hit, F.col("requests_before_refresh"))).alias(f"max_requests_before_refresh_{code}"),
+        ]
+    a, b = codes
+    grouped = (
+        reactions.where(F.col("error_code").isin(list(codes)))
+        .groupBy("client_key", "client_id", "client_ip", "client_software_name", "client_software_version")
+        .agg(*aggs)
+    )
+    for code in codes:  # a code the client never saw has no reaction
+        grouped = grouped.withColumn(
+            f"reaction_{code}", F.when(F.col(f"errors_{code}") > 0, F.col(f"reaction_{code}"))
+        )
+    ra, rb = F.col(f"reaction_{a}"), F.col(f"reaction_{b}")
+    differs = ra.isNotNull() & rb.isNotNull() & (ra != "unknown") & (rb != "unknown") & (ra != rb)
+    return ordered(
+        grouped.withColumn("reactions_differ", differs).drop("client_key"),
+        F.col("reactions_differ").desc(),
+        F.col(f"errors_{a}").desc(),
+    )
+
+
+def run(tables, *, watched=DEFAULT_WATCHED, refresh_within_s=10.0, max_requests_before_refresh=2, **_):
+    reactions = error_reaction(
+        tables.exchanges,
+        watched=tuple(watched),
+        refresh_within_s=refresh_within_s,
+        max_requests_before_refresh=max_requests_before_refresh,
+    )
+    return {
+        "error_reaction": ordered(reactions.drop("client_key"), "error_time"),
+        "error_reaction_headline": error_reaction_headline(reactions),
+    }
+
+
+if __name__ == "__main__":
+    from spark_jobs.submit import main
+
+    raise SystemExit(main(job="error_reaction"))

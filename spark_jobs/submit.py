@@ -1,0 +1,116 @@
+"""Run kwire's Spark jobs over a dataset and write each result as Parquet.
+
+    python -m spark_jobs.submit DATASET OUT [--jobs a,b] [--master URL]
+        [--kafka-versions PATH] [--broker-version 4.0 ...]
+    python -m spark_jobs.producer_acks DATASET OUT          # one job
+    spark-submit --py-files kwire.zip spark_jobs/submit.py hdfs:///kwire/ds hdfs:///kwire/out
+
+Results land in ``OUT/<result>/`` (the job's name for its main result). Needs only pyspark and
+pyarrow on the driver; the jobs use no Python UDFs, so executors need no Python packages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # spark-submit runs this file as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pyspark.sql import DataFrame, SparkSession
+
+from spark_jobs.common import Tables, load_tables
+from spark_jobs.jobs import JOBS, parse_job_list, run_jobs
+from spark_jobs.kafka_versions import BrokerVersions, load_broker_versions
+from spark_jobs.session import build_session
+
+__all__ = ["analyse", "main", "write_results"]
+
+
+def write_results(results: dict[str, DataFrame], out: str | Path, *, log=None) -> dict[str, float]:
+    """Write each result to ``out/<name>/`` (one Parquet file each; results are small).
+    Returns seconds spent per result."""
+    timings = {}
+    for name, df in results.items():
+        start = time.perf_counter()
+        df.coalesce(1).write.mode("overwrite").parquet(f"{str(out).rstrip('/')}/{name}")
+        timings[name] = time.perf_counter() - start
+        if log:
+            log(f"{name}: {timings[name]:.1f}s")
+    return timings
+
+
+def analyse(
+    spark: SparkSession,
+    dataset: str | Path,
+    out: str | Path,
+    *,
+    jobs: list[str] | None = None,
+    versions: BrokerVersions | None = None,
+    target_releases: list[str] = (),
+    options: dict | None = None,
+    cache: bool = True,
+    log=None,
+) -> tuple[Tables, dict[str, DataFrame], dict[str, float]]:
+    tables = load_tables(spark, dataset)
+    if cache:  # every job reads the same rows: scan and decode the Parquet once
+        tables = Tables(tables.exchanges.cache(), tables.connections.cache())
+    results = run_jobs(
+        tables,
+        jobs or list(JOBS),
+        options,
+        spark=spark,
+        versions=versions,
+        target_releases=list(target_releases),
+    )
+    timings = write_results(results, out, log=log)
+    return tables, results, timings
+
+
+def main(argv: list[str] | None = None, *, job: str | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog=f"python -m spark_jobs.{job or 'submit'}",
+        description="Run kwire Spark jobs, write Parquet results.",
+    )
+    parser.add_argument("dataset", help="dataset directory (exchanges/, connections/)")
+    parser.add_argument("out", help="output directory: one subdirectory per result")
+    parser.add_argument(
+        "--master", default=None, help="Spark master URL (default: spark-submit's, else local[*])"
+    )
+    if job is None:
+        parser.add_argument("--jobs", default=None, help=f"comma-separated subset of: {', '.join(JOBS)}")
+    parser.add_argument(
+        "--kafka-versions",
+        default=None,
+        help="broker_api_versions.json (default: shared copy or bundled table)",
+    )
+    parser.add_argument(
+        "--broker-version", action="append", default=[], help="also compare against this Kafka release"
+    )
+    args = parser.parse_args(argv)
+    try:
+        names = [job] if job else parse_job_list(args.jobs)
+        versions = load_broker_versions(args.kafka_versions)
+        releases = []
+        for v in args.broker_version:
+            rel = versions.resolve(v)
+            if rel is None:
+                raise ValueError(f"unknown Kafka release {v!r} (known: {', '.join(versions.releases)})")
+            releases.append(rel)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if "://" not in args.dataset and not Path(args.dataset).is_dir():
+        print(f"error: no dataset at {args.dataset}", file=sys.stderr)
+        return 2
+    spark = build_session(args.master, "kwire-jobs")
+    start = time.perf_counter()
+    analyse(spark, args.dataset, args.out, jobs=names, versions=versions, target_releases=releases, log=print)
+    print(f"done in {time.perf_counter() - start:.1f}s -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

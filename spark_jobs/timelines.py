@@ -1,0 +1,87 @@
+"""Series for the report's charts (and for SQL): latency and errors over time.
+
+* ``latency_timeline``: per ``bucket_s`` bucket and api, answered requests and latency
+  p50/p99/max in ms.
+* ``error_timeline``: per bucket, client and error, error results seen (a response's non-zero
+  top-level error code, plus each non-zero ``partition_errors`` entry).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from spark_jobs.common import client_key, error_name, ordered
+
+__all__ = ["error_timeline", "latency_timeline", "run"]
+
+
+def _bucket(col: str, bucket_s: int) -> F.Column:
+    return F.timestamp_seconds(F.floor(F.unix_seconds(col) / bucket_s) * bucket_s).alias("bucket")
+
+
+def latency_timeline(exchanges: DataFrame, *, bucket_s: int = 60) -> DataFrame:
+    ok = exchanges.where((F.col("status") == "ok") & F.col("latency_us").isNotNull())
+    return (
+        ok.select(_bucket("request_time", bucket_s), "api_name", (F.col("latency_us") / 1000.0).alias("ms"))
+        .groupBy("bucket", "api_name")
+        .agg(
+            F.count(F.lit(1)).alias("requests"),
+            F.percentile_approx("ms", 0.5, 1000).alias("p50_ms"),
+            F.percentile_approx("ms", 0.99, 1000).alias("p99_ms"),
+            F.max("ms").alias("max_ms"),
+        )
+    )
+
+
+def error_timeline(exchanges: DataFrame, *, bucket_s: int = 60) -> DataFrame:
+    answered = exchanges.where(F.col("response_time").isNotNull()).select(
+        _bucket("response_time", bucket_s),
+        client_key().alias("client_key"),
+        "client_id",
+        "client_ip",
+        "error_code",
+        "error_name",
+        "partition_errors",
+    )
+    top = answered.where(F.col("error_code") != 0).select(
+        "bucket",
+        "client_key",
+        "client_id",
+        "client_ip",
+        "error_code",
+        F.coalesce("error_name", error_name(F.col("error_code"))).alias("name"),
+    )
+    per_part = (
+        answered.where(F.exists("partition_errors", lambda p: p["error_code"] != 0))
+        .select("bucket", "client_key", "client_id", "client_ip", F.explode("partition_errors").alias("p"))
+        .where(F.col("p.error_code") != 0)
+        .select("bucket", "client_key", "client_id", "client_ip", F.col("p.error_code").alias("error_code"))
+        .withColumn("name", error_name(F.col("error_code")))
+    )
+    return (
+        top.unionByName(per_part)
+        .groupBy("bucket", "client_key", "error_code")
+        .agg(
+            F.first("client_id").alias("client_id"),
+            F.first("client_ip").alias("client_ip"),
+            F.first("name").alias("error_name"),
+            F.count(F.lit(1)).alias("errors"),
+        )
+        .select("bucket", "client_id", "client_ip", "error_code", "error_name", "errors")
+    )
+
+
+def run(tables, *, bucket_s=60, **_):
+    return {
+        "latency_timeline": ordered(
+            latency_timeline(tables.exchanges, bucket_s=bucket_s), "bucket", "api_name"
+        ),
+        "error_timeline": ordered(error_timeline(tables.exchanges, bucket_s=bucket_s), "bucket"),
+    }
+
+
+if __name__ == "__main__":
+    from spark_jobs.submit import main
+
+    raise SystemExit(main(job="timelines"))

@@ -1,0 +1,43 @@
+"""Shared fixtures for real-traffic tests: a Tansu broker and tcpdump captures.
+
+The helpers themselves live in ``realkafka.py`` (imported by bare name: ``tests/``
+has no ``__init__.py``, so pytest puts it on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from realkafka import BrokerStartError, TansuBroker, Tcpdump, tcpdump_available
+
+
+@pytest.fixture(scope="session")
+def tansu() -> Iterator[TansuBroker]:
+    """A Tansu broker (memory storage) on 127.0.0.1, shared by the whole session."""
+    broker = TansuBroker()
+    try:
+        broker.start()
+    except BrokerStartError as exc:
+        broker.close()
+        pytest.skip(f"Tansu broker cannot start: {exc}")
+    try:
+        yield broker
+    finally:
+        broker.close()
+
+
+@pytest.fixture
+def capture(tmp_path: Path) -> Callable[..., Tcpdump]:
+    """Factory: ``with capture(port, name="x") as dump:`` captures those ports on lo
+    to ``tmp_path / "x.pcap"`` (``dump.path``). Skips if tcpdump cannot capture here.
+    """
+    reason = tcpdump_available()
+    if reason:
+        pytest.skip(reason)
+
+    def make(*ports: int, name: str = "capture") -> Tcpdump:
+        return Tcpdump(tmp_path / f"{name}.pcap", ports)
+
+    return make
