@@ -188,16 +188,26 @@ def _field_code(w: _Writer, ind: int, field: list[Any], flexible: bool, keep: bo
         if kept and element in _ARRAY_UNPACK:
             w.emit(ind, f"{target} = {_ARRAY_UNPACK[element]}(b, p, n)")
         elif kept:
-            w.emit(ind, f"{target} = [_uuid(b, p + {size} * i) for i in range(n)]" if element == "uuid"
-                   else f"{target} = [{_UNPACK[element]}(b, p + {size} * i)[0] for i in range(n)]")
+            w.emit(
+                ind,
+                f"{target} = [_uuid(b, p + {size} * i) for i in range(n)]"
+                if element == "uuid"
+                else f"{target} = [{_UNPACK[element]}(b, p + {size} * i)[0] for i in range(n)]",
+            )
         w.emit(ind, f"p += {size} * n")
     elif element in ("string", "bytes"):
         if kept:
             w.emit(ind, "v = []")
         w.emit(ind, "for _ in range(n):")
         inner = _Writer()
-        _field_code(inner, ind + 1, [name, element, 0 if compact else CLASSIC_ENCODING, None, role if kept else None, None],
-                    flexible, kept, "x")
+        _field_code(
+            inner,
+            ind + 1,
+            [name, element, 0 if compact else CLASSIC_ENCODING, None, role if kept else None, None],
+            flexible,
+            kept,
+            "x",
+        )
         inner.flush(ind + 1)
         w.lines.extend(inner.lines)
         if kept:
@@ -237,8 +247,47 @@ def _key(field: list[Any]) -> str:
     return field[4] if field[4] is not None else field[0]
 
 
+_STRUCT_CODES = {
+    "bool": "?",
+    "int8": "b",
+    "int16": "h",
+    "uint16": "H",
+    "int32": "i",
+    "int64": "q",
+    "float64": "d",
+}
+
+
+def _fixed_run(w: _Writer, run: list[tuple[list[Any], str]]) -> None:
+    """Emit one struct call for consecutive fixed-size fields (skipped ones become pad bytes)."""
+    kept = [(field, target) for field, target in run if target]
+    size = sum(_FIXED[field[1]] for field, _ in run)
+    if not kept:
+        w.pending_skip += size
+        return
+    if any(f[1] == "uuid" for f, _ in kept):
+        for field, target in run:  # uuids are rare: read them one by one
+            if target and field[1] == "uuid":
+                w.emit(1, f"{target} = _uuid(b, p)")
+            elif target:
+                w.emit(1, f"{target} = {_UNPACK[field[1]]}(b, p)[0]")
+            w.pending_skip += _FIXED[field[1]]
+        return
+    fmt = ">" + "".join(_STRUCT_CODES[f[1]] if t else f"{_FIXED[f[1]]}x" for f, t in run)
+    name = "_S" + "".join(c if c.isalnum() else "_" for c in fmt[1:])
+    if name not in _NAMESPACE:
+        _NAMESPACE[name] = struct.Struct(fmt).unpack_from
+    targets = ", ".join(t for _, t in kept)
+    w.emit(1, f"{targets}{',' if len(kept) == 1 else ''} = {name}(b, p)")
+    w.pending_skip += size
+
+
 def _function(fields: Layout, flexible: bool, keep: bool) -> str:
-    """Compile (or reuse) the decode/skip function for a struct layout; return its name."""
+    """Compile (or reuse) the decode/skip function for a struct layout; return its name.
+
+    Kept values go to locals and the result dict is built once at the end; consecutive
+    fixed-size fields are read with a single struct call.
+    """
     cache_key = (json.dumps(fields, separators=(",", ":")), flexible, keep)
     if cache_key in _cache:
         return _cache[cache_key]
@@ -246,13 +295,25 @@ def _function(fields: Layout, flexible: bool, keep: bool) -> str:
     _cache[cache_key] = fn
     w = _Writer()
     w.lines.append(f"def {fn}(b, p, e):")
-    if keep:
-        w.emit(1, "r = {}")
-    for field in fields:
+    keys: list[tuple[str, str]] = []  # (dict key, local variable)
+    run: list[tuple[list[Any], str]] = []
+    for index, field in enumerate(fields):
         if field[3] is not None:
             continue  # tagged: read in the tagged section below
-        target = f"r[{_key(field)!r}]"
-        _field_code(w, 1, field, flexible, keep, target)
+        target = f"v{index}" if keep and _is_kept(field) else ""
+        if target:
+            keys.append((_key(field), target))
+        if field[1] in _FIXED:
+            run.append((field, target))
+            continue
+        if run:
+            _fixed_run(w, run)
+            run = []
+        _field_code(w, 1, field, flexible, keep, target or "_")
+    if run:
+        _fixed_run(w, run)
+    if keep:
+        w.emit(1, "r = {" + ", ".join(f"{k!r}: {v}" for k, v in keys) + "}")
     if flexible:
         _tagged_code(w, fields, flexible, keep)
     w.emit(1, "return (r, p)" if keep else "return p")

@@ -40,6 +40,7 @@ from decoder.events import (
     Resync,
     Unanswered,
 )
+from decoder.fastclass import fast_constructor
 from decoder.primitives import Malformed, read_uvarint
 from decoder.receivebuffer import ReceiveBuffer
 
@@ -55,12 +56,19 @@ _MIN_REQUEST = 8  # api key + version + correlation id
 _MIN_RESPONSE = 4  # correlation id
 _DECODE_ERRORS = (Malformed, struct.error, IndexError, ValueError, OverflowError)
 _API_VERSIONS = 18
+_Request = fast_constructor(Request)
+_Response = fast_constructor(Response)
+_RequestReceived = fast_constructor(RequestReceived)
+_ResponseReceived = fast_constructor(ResponseReceived)
 _ACKS0_REMEMBERED = 256
 
-# Offsets where a request header may start: length < 128 MiB, api key 0..255, version 0..255.
-_REQUEST_CANDIDATE = re.compile(rb"(?=[\x00-\x07][\x00-\xff]{3}\x00[\x00-\xff]\x00)", re.DOTALL)
+# Offsets where a request header may start: 8 <= length < 128 MiB, api key 0..127, version 0..127.
+# A regex finds candidates at C speed; only those get the full Python check.
+_REQUEST_CANDIDATE = re.compile(
+    rb"(?=(?!\x00\x00\x00[\x00-\x07])[\x00-\x07][\x00-\xff]{3}\x00[\x00-\x7f]\x00[\x00-\x7f])", re.DOTALL
+)
 # Offsets where a response may start: length < 128 MiB and at least 4.
-_RESPONSE_CANDIDATE = re.compile(rb"(?=[\x00-\x07](?!\x00\x00[\x00-\x03])[\x00-\xff]{3})", re.DOTALL)
+_RESPONSE_CANDIDATE = re.compile(rb"(?=(?!\x00\x00\x00[\x00-\x03])[\x00-\x07][\x00-\xff]{3})", re.DOTALL)
 
 
 def _printable(text: str) -> bool:
@@ -277,8 +285,13 @@ class KafkaConnection:
             size = _I32(buf, pos)[0]
             if size < minimum or size > limit:
                 self._events.append(
-                    MalformedFrame(direction, 4 + max(size, 0), rx.time_at(pos), ts_ns,
-                                   f"implausible frame length {size}")
+                    MalformedFrame(
+                        direction,
+                        4 + max(size, 0),
+                        rx.time_at(pos),
+                        ts_ns,
+                        f"implausible frame length {size}",
+                    )
                 )
                 rx.pos = pos + 4
                 self._start_hunting(state, f"implausible frame length {size}")
@@ -362,8 +375,7 @@ class KafkaConnection:
 
     def _request_frame(self, buf: Any, pos: int, end: int, start_ns: int, end_ns: int) -> None:
         _size, api_key, api_version, corr = _REQUEST_HEAD(buf, pos)
-        header_version = protocol.request_header_version(api_key, api_version)
-        decoder = protocol.request_decoder(api_key, api_version)
+        header_version, decoder = protocol.request_plan(api_key, api_version)
         client_id = None
         fields = None
         error = None
@@ -377,8 +389,7 @@ class KafkaConnection:
             if decoder is None:
                 status = "unknown_api"
                 name = protocol.api_name(api_key)
-                error = (f"no definition for {name} v{api_version}" if name
-                         else f"unknown api key {api_key}")
+                error = f"no definition for {name} v{api_version}" if name else f"unknown api key {api_key}"
             else:
                 fields, stop = decoder(buf, body, end)
                 if stop > end:
@@ -387,12 +398,26 @@ class KafkaConnection:
                     error = f"{end - stop} trailing bytes after the body"
         except _DECODE_ERRORS as exc:
             status, fields, error = "malformed", None, str(exc) or type(exc).__name__
-        request = Request(api_key, api_version, header_version, corr, client_id, end - pos,
-                          start_ns, end_ns, status, fields, error)
+        request = _Request(
+            api_key,
+            api_version,
+            header_version,
+            corr,
+            client_id,
+            end - pos,
+            start_ns,
+            end_ns,
+            status,
+            fields,
+            error,
+        )
+        request.__class__ = Request
         self._add_request(request, end_ns)
 
     def _add_request(self, request: Request, ts_ns: int) -> None:
-        self._events.append(RequestReceived(request))
+        received = _RequestReceived(request)
+        received.__class__ = RequestReceived
+        self._events.append(received)
         if not request.expects_response:
             self._events.append(NoResponseExpected(request))
             self._acks0[request.correlation_id] = request
@@ -418,16 +443,21 @@ class KafkaConnection:
                 response = self._decode_response(answered, buf, pos, end, start_ns, end_ns)
                 self._events.append(OrphanResponse(response, answered))
             else:
-                self._events.append(OrphanResponse(
-                    Response(corr, -1, end - pos, start_ns, end_ns, "ok", None, None)))
+                self._events.append(
+                    OrphanResponse(Response(corr, -1, end - pos, start_ns, end_ns, "ok", None, None))
+                )
             return
         seq, request = entry
-        self._expire_older(seq, end_ns)
+        if seq != self._oldest_seq():
+            self._expire_older(seq, end_ns)
         response = self._decode_response(request, buf, pos, end, start_ns, end_ns)
-        self._events.append(ResponseReceived(request, response))
+        received = _ResponseReceived(request, response)
+        received.__class__ = ResponseReceived
+        self._events.append(received)
 
-    def _decode_response(self, request: Request, buf: Any, pos: int, end: int,
-                         start_ns: int, end_ns: int) -> Response:
+    def _decode_response(
+        self, request: Request, buf: Any, pos: int, end: int, start_ns: int, end_ns: int
+    ) -> Response:
         api_key = request.api_key
         versions = [request.api_version]
         if api_key == _API_VERSIONS and request.api_version != 0:
@@ -449,8 +479,19 @@ class KafkaConnection:
                 error = str(exc) or type(exc).__name__
                 continue
             note = f"{end - stop} trailing bytes after the body" if stop < end else None
-            return Response(request.correlation_id, header_version, end - pos, start_ns, end_ns,
-                            "ok", fields, note, version)
+            response = _Response(
+                request.correlation_id,
+                header_version,
+                end - pos,
+                start_ns,
+                end_ns,
+                "ok",
+                fields,
+                note,
+                version,
+            )
+            response.__class__ = Response
+            return response
         known = protocol.response_decoder(api_key, request.api_version) is not None
         status = "malformed" if known and request.status != "unknown_api" else "unknown_api"
         return Response(request.correlation_id, -1, end - pos, start_ns, end_ns, status, None, error)
@@ -471,18 +512,39 @@ class KafkaConnection:
                         client_id, _ = _read_client_id(buf, pos + 12, pos + have)
                     except _DECODE_ERRORS:
                         client_id = None
-                request = Request(api_key, api_version, header_version, corr, client_id, total,
-                                  start_ns, ts_ns, "truncated", None,
-                                  f"{total - have} of {total} bytes missing")
+                request = Request(
+                    api_key,
+                    api_version,
+                    header_version,
+                    corr,
+                    client_id,
+                    total,
+                    start_ns,
+                    ts_ns,
+                    "truncated",
+                    None,
+                    f"{total - have} of {total} bytes missing",
+                )
                 self._add_request(request, ts_ns)
             else:
-                self._events.append(MalformedFrame(direction, total, start_ns, ts_ns,
-                                                   f"truncated after {have} of {total} bytes"))
+                self._events.append(
+                    MalformedFrame(
+                        direction, total, start_ns, ts_ns, f"truncated after {have} of {total} bytes"
+                    )
+                )
             return
         if have >= 8:
             corr = _I32(buf, pos + 4)[0]
-            response = Response(corr, -1, total, start_ns, ts_ns, "truncated", None,
-                                f"{total - have} of {total} bytes missing")
+            response = Response(
+                corr,
+                -1,
+                total,
+                start_ns,
+                ts_ns,
+                "truncated",
+                None,
+                f"{total - have} of {total} bytes missing",
+            )
             entry = self._pending.pop(corr, None)
             if entry is None:
                 self._events.append(OrphanResponse(response))
@@ -490,10 +552,16 @@ class KafkaConnection:
                 self._expire_older(entry[0], ts_ns)
                 self._events.append(ResponseReceived(entry[1], response))
         else:
-            self._events.append(MalformedFrame(direction, total, start_ns, ts_ns,
-                                               f"truncated after {have} of {total} bytes"))
+            self._events.append(
+                MalformedFrame(direction, total, start_ns, ts_ns, f"truncated after {have} of {total} bytes")
+            )
 
     # ---- pending requests --------------------------------------------------------------
+
+    def _oldest_seq(self) -> int:
+        """Sequence number of the oldest pending request (0 when none): the usual next answer."""
+        pending = self._pending
+        return pending[next(iter(pending))][0] if pending else 0
 
     def _expire_older(self, seq: int, ts_ns: int) -> None:
         """Requests sent before the one just answered will never be answered."""

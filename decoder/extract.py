@@ -71,6 +71,7 @@ def request_values(api_key: int, fields: dict[str, Any] | None) -> dict[str, Any
         return {}
     topics: list[str] = []
     topic_ids: list[str] = []
+    groups: list[str] = []
     batches = records = codecs = 0
     has_records = False
 
@@ -82,6 +83,9 @@ def request_values(api_key: int, fields: dict[str, Any] | None) -> dict[str, Any
         for tid in _strings(node.get("topic_id")):
             if tid not in topic_ids:
                 topic_ids.append(tid)
+        for group in _strings(node.get("group_id")):
+            if group not in groups:
+                groups.append(group)
         summary = node.get("records")
         if isinstance(summary, tuple):
             has_records = True
@@ -97,7 +101,7 @@ def request_values(api_key: int, fields: dict[str, Any] | None) -> dict[str, Any
         "acks": _root_int(fields, "acks"),
         "timeout_ms": _root_int(fields, "timeout_ms"),
         "transactional_id": _root_str(fields, "transactional_id"),
-        "group_id": _root_str(fields, "group_id"),
+        "group_id": ",".join(groups) or None,  # batched group APIs (OffsetFetch v8+) name several
         "member_id": _root_str(fields, "member_id"),
         "generation_id": _root_int(fields, "generation_id"),
         "client_software_name": _root_str(fields, "client_software_name"),
@@ -131,35 +135,69 @@ def response_values(api_key: int, fields: dict[str, Any] | None) -> dict[str, An
         code = node.get("error_code")
         if isinstance(code, int):
             resource = next((node[r] for r in _RESOURCE_ROLES if isinstance(node.get(r), str)), None)
-            results.append({"topic": topic, "topic_id": topic_id, "partition": node.get("partition"),
-                            "resource": resource, "error_code": code})
+            results.append(
+                {
+                    "topic": topic,
+                    "topic_id": topic_id,
+                    "partition": node.get("partition"),
+                    "resource": resource,
+                    "error_code": code,
+                }
+            )
         if "host" in node and "port" in node:
-            entry = {"node_id": node.get("node_id"), "host": node.get("host"),
-                     "port": node.get("port"), "rack": node.get("rack")}
+            entry = {
+                "node_id": node.get("node_id"),
+                "host": node.get("host"),
+                "port": node.get("port"),
+                "rack": node.get("rack"),
+            }
             if api_key == _FIND_COORDINATOR:
-                coordinators.append({"key": node.get("coordinator_key"), "node_id": entry["node_id"],
-                                     "host": entry["host"], "port": entry["port"],
-                                     "error_code": node.get("error_code")})
+                coordinators.append(
+                    {
+                        "key": node.get("coordinator_key"),
+                        "node_id": entry["node_id"],
+                        "host": entry["host"],
+                        "port": entry["port"],
+                        "error_code": node.get("error_code"),
+                    }
+                )
             else:
                 brokers.append(entry)
         if api_key == _METADATA and "leader" in node:
-            meta_partitions.append({
-                "topic": topic, "topic_id": topic_id, "partition": node.get("partition"),
-                "error_code": node.get("error_code"), "leader": node.get("leader"),
-                "leader_epoch": node.get("leader_epoch"), "replicas": node.get("replicas"),
-                "isr": node.get("isr"),
-            })
+            meta_partitions.append(
+                {
+                    "topic": topic,
+                    "topic_id": topic_id,
+                    "partition": node.get("partition"),
+                    "error_code": node.get("error_code"),
+                    "leader": node.get("leader"),
+                    "leader_epoch": node.get("leader_epoch"),
+                    "replicas": node.get("replicas"),
+                    "isr": node.get("isr"),
+                }
+            )
         if api_key == _FETCH and "high_watermark" in node:
             summary = node.get("records")
             batches, count = (summary[0], summary[1]) if isinstance(summary, tuple) else (0, 0)
             fetched_records += count
-            fetch_partitions.append({"topic": topic, "topic_id": topic_id,
-                                     "partition": node.get("partition"),
-                                     "high_watermark": node.get("high_watermark"),
-                                     "record_batches": batches, "records": count})
+            fetch_partitions.append(
+                {
+                    "topic": topic,
+                    "topic_id": topic_id,
+                    "partition": node.get("partition"),
+                    "high_watermark": node.get("high_watermark"),
+                    "record_batches": batches,
+                    "records": count,
+                }
+            )
         if api_key == _API_VERSIONS and "api_key" in node:
-            api_versions.append({"api_key": node.get("api_key"), "min_version": node.get("min_version"),
-                                 "max_version": node.get("max_version")})
+            api_versions.append(
+                {
+                    "api_key": node.get("api_key"),
+                    "min_version": node.get("min_version"),
+                    "max_version": node.get("max_version"),
+                }
+            )
 
     _walk(fields, None, None, visit)
     values: dict[str, Any] = {
@@ -181,15 +219,24 @@ def response_values(api_key: int, fields: dict[str, Any] | None) -> dict[str, An
         values["api_versions"] = api_versions
     if api_key == _FIND_COORDINATOR:
         if "host" in fields:  # v0-3: one coordinator at the top level
-            coordinators.insert(0, {"key": None, "node_id": fields.get("node_id"), "host": fields.get("host"),
-                                    "port": fields.get("port"), "error_code": fields.get("error_code")})
+            coordinators.insert(
+                0,
+                {
+                    "key": None,
+                    "node_id": fields.get("node_id"),
+                    "host": fields.get("host"),
+                    "port": fields.get("port"),
+                    "error_code": fields.get("error_code"),
+                },
+            )
         values["coordinators"] = coordinators
         values["coordinator_node"] = coordinators[0]["node_id"] if coordinators else None
     return {k: v for k, v in values.items() if v is not None}
 
 
-def exchange_values(api_key: int, request_fields: dict[str, Any] | None,
-                    response_fields: dict[str, Any] | None) -> dict[str, Any]:
+def exchange_values(
+    api_key: int, request_fields: dict[str, Any] | None, response_fields: dict[str, Any] | None
+) -> dict[str, Any]:
     """Request values, overlaid by response values where the response knows better."""
     values = request_values(api_key, request_fields)
     for key, value in response_values(api_key, response_fields).items():

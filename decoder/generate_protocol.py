@@ -353,14 +353,19 @@ def default_message_folders() -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", action="append", type=Path,
-                        help="folder of Kafka JSON message definitions (repeatable; later wins)")
+    parser.add_argument(
+        "--messages",
+        action="append",
+        type=Path,
+        help="folder of Kafka JSON message definitions (repeatable; later wins)",
+    )
     parser.add_argument("--errors", type=Path, help="error_codes.tsv")
-    parser.add_argument("-o", "--output", type=Path,
-                        default=Path(__file__).with_name("kafka_protocol.json"))
+    parser.add_argument("-o", "--output", type=Path, default=Path(__file__).with_name("kafka_protocol.json"))
     args = parser.parse_args(argv)
     folders = args.messages or default_message_folders()
-    errors = args.errors or Path(__file__).resolve().parent.parent.parent / "shared/kafka-protocol/error_codes.tsv"
+    errors = (
+        args.errors or Path(__file__).resolve().parent.parent.parent / "shared/kafka-protocol/error_codes.tsv"
+    )
     for folder in folders:
         if not folder.is_dir():
             print(f"error: no such definitions folder: {folder}", file=sys.stderr)
@@ -371,8 +376,10 @@ def main(argv: list[str] | None = None) -> int:
     table = build_table(folders, errors)
     args.output.write_text(render(table), encoding="utf-8")
     n_versions = sum(len(d) for api in table["apis"].values() for k, d in api.items() if k != "name")
-    print(f"wrote {args.output}: {len(table['apis'])} api keys, {n_versions} (key, direction, version) "
-          f"entries, {len(table['layouts'])} distinct layouts, {len(table['errors'])} error codes")
+    print(
+        f"wrote {args.output}: {len(table['apis'])} api keys, {n_versions} (key, direction, version) "
+        f"entries, {len(table['layouts'])} distinct layouts, {len(table['errors'])} error codes"
+    )
     return 0
 
 

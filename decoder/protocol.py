@@ -97,10 +97,26 @@ def response_header_version(api_key: int, api_version: int) -> int:
 
 def _decoder(direction: str, api_key: int, api_version: int) -> Decoder | None:
     key = (direction, api_key, api_version)
-    if key not in _compiled:
-        entry = _VERSIONS[direction].get((api_key, api_version))
-        _compiled[key] = compile_message(_LAYOUTS[entry[1]], entry[0]) if entry else None
+    if key in _compiled:
+        return _compiled[key]
+    entry = _VERSIONS[direction].get((api_key, api_version))
+    if entry is None:
+        return None  # not cached: hostile streams may name any (key, version)
+    _compiled[key] = compile_message(_LAYOUTS[entry[1]], entry[0])
     return _compiled[key]
+
+
+_request_plans: dict[tuple[int, int], tuple[int, Decoder | None]] = {}
+
+
+def request_plan(api_key: int, api_version: int) -> tuple[int, Decoder | None]:
+    """(request header version, body decoder or None) in one cached look-up, for the hot path."""
+    plan = _request_plans.get((api_key, api_version))
+    if plan is None:
+        plan = (request_header_version(api_key, api_version), request_decoder(api_key, api_version))
+        if len(_request_plans) < 65536:  # hostile streams may name any (key, version)
+            _request_plans[(api_key, api_version)] = plan
+    return plan
 
 
 def request_decoder(api_key: int, api_version: int) -> Decoder | None:

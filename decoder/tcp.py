@@ -41,7 +41,8 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Literal
 
-from decoder.pcap import ACK, FIN, RST, SYN, TcpSegment, fast_constructor
+from decoder.fastclass import fast_constructor
+from decoder.pcap import ACK, FIN, RST, SYN, TcpSegment
 
 __all__ = [
     "DirectionStats",

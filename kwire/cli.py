@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from kwire.decode_command import decode
+from kwire.runtime import tune_gc
 
 app = typer.Typer(
     name="kwire",
@@ -18,6 +19,7 @@ app = typer.Typer(
 @app.callback()
 def main() -> None:
     """Kafka wire-protocol inspection."""
+    tune_gc()
 
 
 app.command()(decode)

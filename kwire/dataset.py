@@ -73,8 +73,13 @@ class TableWriter:
 class DatasetWriter:
     """The two tables of a kwire dataset under ``root``."""
 
-    def __init__(self, root: str | os.PathLike[str], *, row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
-                 prefix: str | None = None) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
+        prefix: str | None = None,
+    ) -> None:
         self.root = Path(root)
         prefix = prefix or f"part-{uuid.uuid4().hex[:12]}"
         self.exchanges = TableWriter(self.root / "exchanges", EXCHANGES_SCHEMA, prefix, row_group_rows)

@@ -76,8 +76,12 @@ class ExchangeRows:
             status = request.status if request.status != "ok" else response.status
             return self._row(request, response, status, response.decode_error or request.decode_error)
         if isinstance(event, NoResponseExpected):
-            return self._row(event.request, None, "no_response_expected" if event.request.status == "ok"
-                             else event.request.status, event.request.decode_error)
+            return self._row(
+                event.request,
+                None,
+                "no_response_expected" if event.request.status == "ok" else event.request.status,
+                event.request.decode_error,
+            )
         if isinstance(event, Unanswered):
             if event.reason == "gap":
                 return self._row(event.request, None, "truncated", "response lost in a capture gap")
@@ -89,8 +93,14 @@ class ExchangeRows:
         if isinstance(event, OrphanResponse):
             status = "orphan_response" if event.response.status == "ok" else event.response.status
             if event.unexpected_for is not None:
-                return self._row(event.unexpected_for, event.response, status,
-                                 "broker answered a Produce with acks=0, which expects no response")
+                # Header facts only: the request's own row (no_response_expected) holds its body values.
+                return self._row(
+                    event.unexpected_for,
+                    event.response,
+                    status,
+                    "broker answered a Produce with acks=0, which expects no response",
+                    request_body=False,
+                )
             return self._row(None, event.response, status, event.response.decode_error)
         if isinstance(event, MalformedFrame):
             return self._base(event.start_ns, None, None, None) | {
@@ -113,8 +123,9 @@ class ExchangeRows:
                 self.client_software_name = name
                 self.client_software_version = request.fields.get("client_software_version")
 
-    def _base(self, start_ns: int | None, end_ns: int | None, request: Request | None,
-              response: Response | None) -> dict[str, Any]:
+    def _base(
+        self, start_ns: int | None, end_ns: int | None, request: Request | None, response: Response | None
+    ) -> dict[str, Any]:
         info = self.info
         return {
             "source": info.source,
@@ -128,8 +139,14 @@ class ExchangeRows:
             "date": utc_date(start_ns if start_ns is not None else end_ns),
         }
 
-    def _row(self, request: Request | None, response: Response | None, status: str,
-             decode_error: str | None) -> dict[str, Any]:
+    def _row(
+        self,
+        request: Request | None,
+        response: Response | None,
+        status: str,
+        decode_error: str | None,
+        request_body: bool = True,
+    ) -> dict[str, Any]:
         start_ns = request.start_ns if request else None
         end_ns = response.end_ns if response else None
         row = self._base(start_ns, end_ns, request, response)
@@ -153,7 +170,13 @@ class ExchangeRows:
             client_id=request.client_id,
             request_size=request.size,
         )
-        row.update(exchange_values(request.api_key, request.fields, response.fields if response else None))
+        row.update(
+            exchange_values(
+                request.api_key,
+                request.fields if request_body else None,
+                response.fields if response else None,
+            )
+        )
         if "error_code" in row:
             row["error_name"] = protocol.error_name(row["error_code"])
         return row

@@ -100,7 +100,11 @@ _FETCH_PARTITION_TYPE = pa.struct(
 # (name, type, description). Order is the column order on disk.
 EXCHANGE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("source", pa.string(), "where the row came from: capture file name, or proxy:<listen address>"),
-    ("connection_id", pa.string(), "TCP connection id, unique within the source; joins connections.connection_id"),
+    (
+        "connection_id",
+        pa.string(),
+        "TCP connection id, unique within the source; joins connections.connection_id",
+    ),
     ("client_ip", pa.string(), "client address"),
     ("client_port", pa.int32(), "client TCP port"),
     ("broker_ip", pa.string(), "broker address"),
@@ -115,33 +119,69 @@ EXCHANGE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("correlation_id", pa.int32(), "correlation id shared by the request and its response"),
     ("client_id", pa.string(), "client id from the request header"),
     ("client_software_name", pa.string(), "ClientSoftwareName of the connection's ApiVersions v3+ request"),
-    ("client_software_version", pa.string(), "ClientSoftwareVersion of the connection's ApiVersions v3+ request"),
+    (
+        "client_software_version",
+        pa.string(),
+        "ClientSoftwareVersion of the connection's ApiVersions v3+ request",
+    ),
     ("request_size", pa.int32(), "request frame size in bytes, including the 4-byte length prefix"),
     ("response_size", pa.int32(), "response frame size in bytes, including the 4-byte length prefix"),
-    ("status", pa.string(), "ok, no_response_expected, unanswered, orphan_response, unknown_api, malformed, truncated"),
+    (
+        "status",
+        pa.string(),
+        "ok, no_response_expected, unanswered, orphan_response, unknown_api, malformed, truncated",
+    ),
     ("error_code", pa.int16(), "top-level error code of the response (null where the response has none)"),
     ("error_name", pa.string(), "name of error_code, e.g. NOT_COORDINATOR"),
-    ("partition_errors", pa.list_(PARTITION_ERROR_TYPE), "every per-partition/topic/group/resource result of the response, error code 0 included"),
-    ("topics", pa.list_(pa.string()), "topic names named in the request (topic ids where the version uses ids)"),
+    (
+        "partition_errors",
+        pa.list_(PARTITION_ERROR_TYPE),
+        "every per-partition/topic/group/resource result of the response, error code 0 included",
+    ),
+    (
+        "topics",
+        pa.list_(pa.string()),
+        "topic names named in the request (topic ids where the version uses ids)",
+    ),
     ("acks", pa.int16(), "Produce: required acks (0, 1, -1)"),
     ("timeout_ms", pa.int32(), "request timeout field (Produce and others that carry one)"),
     ("transactional_id", pa.string(), "transactional id (Produce, transactional APIs)"),
     ("record_batches", pa.int32(), "Produce: record batches (or legacy message sets) in the request"),
     ("records", pa.int64(), "Produce: records in the request; Fetch: records in the response"),
-    ("compression", pa.string(), "Produce: compression codecs used by the batches (none, gzip, snappy, lz4, zstd; comma-joined if mixed)"),
+    (
+        "compression",
+        pa.string(),
+        "Produce: compression codecs used by the batches (none, gzip, snappy, lz4, zstd; comma-joined if mixed)",
+    ),
     ("group_id", pa.string(), "consumer group id (group APIs)"),
     ("member_id", pa.string(), "group member id (request, or the one assigned in a JoinGroup response)"),
     ("generation_id", pa.int32(), "group generation id"),
     ("coordinator_key", pa.string(), "FindCoordinator: key asked for (comma-joined for v4+ batches)"),
     ("coordinator_key_type", pa.int8(), "FindCoordinator: 0 group, 1 transaction, 2 share"),
     ("coordinator_node", pa.int32(), "FindCoordinator: node id returned (first one for v4+)"),
-    ("coordinators", pa.list_(_COORDINATOR_TYPE), "FindCoordinator: every coordinator returned, with its key"),
+    (
+        "coordinators",
+        pa.list_(_COORDINATOR_TYPE),
+        "FindCoordinator: every coordinator returned, with its key",
+    ),
     ("throttle_time_ms", pa.int32(), "throttle time the broker asked for"),
     ("metadata_brokers", pa.list_(_BROKER_TYPE), "Metadata/DescribeCluster responses: the brokers listed"),
     ("metadata_controller_id", pa.int32(), "Metadata responses: the controller id"),
-    ("metadata_partitions", pa.list_(_METADATA_PARTITION_TYPE), "Metadata responses: every partition with leader, epoch, replicas, isr"),
-    ("fetch_partitions", pa.list_(_FETCH_PARTITION_TYPE), "Fetch responses: per partition high watermark and record counts"),
-    ("api_versions", pa.list_(_API_VERSION_TYPE), "ApiVersions responses: the advertised (api key, min, max) list"),
+    (
+        "metadata_partitions",
+        pa.list_(_METADATA_PARTITION_TYPE),
+        "Metadata responses: every partition with leader, epoch, replicas, isr",
+    ),
+    (
+        "fetch_partitions",
+        pa.list_(_FETCH_PARTITION_TYPE),
+        "Fetch responses: per partition high watermark and record counts",
+    ),
+    (
+        "api_versions",
+        pa.list_(_API_VERSION_TYPE),
+        "ApiVersions responses: the advertised (api key, min, max) list",
+    ),
     ("sasl_mechanism", pa.string(), "SaslHandshake: the mechanism asked for (credentials are never kept)"),
     ("decode_error", pa.string(), "why the frame did not decode (status malformed/truncated/unknown_api)"),
     ("injected", pa.bool_(), "true when the proxy built this response itself (fault injection)"),
@@ -174,9 +214,7 @@ CONNECTION_COLUMNS: list[tuple[str, pa.DataType, str]] = [
 
 
 def _schema(columns: list[tuple[str, pa.DataType, str]]) -> pa.Schema:
-    return pa.schema(
-        [pa.field(name, dtype, metadata={"description": doc}) for name, dtype, doc in columns]
-    )
+    return pa.schema([pa.field(name, dtype, metadata={"description": doc}) for name, dtype, doc in columns])
 
 
 EXCHANGES_SCHEMA = _schema(EXCHANGE_COLUMNS)

@@ -41,3 +41,14 @@ def capture(tmp_path: Path) -> Callable[..., Tcpdump]:
         return Tcpdump(tmp_path / f"{name}.pcap", ports)
 
     return make
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print the figures tests recorded (oracle coverage, fuzz inputs) at the end of every run."""
+    import coverage_report
+
+    lines = coverage_report.lines()
+    if lines:
+        terminalreporter.section("kwire test figures")
+        for line in lines:
+            terminalreporter.write_line(line)

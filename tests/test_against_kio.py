@@ -27,6 +27,7 @@ import pytest
 
 kio_index = pytest.importorskip("kio.schema.index", reason="the kio package is not installed")
 hypothesis = pytest.importorskip("hypothesis")
+import coverage_report  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from kio.serial import entity_writer  # noqa: E402
@@ -38,7 +39,6 @@ from decoder import protocol  # noqa: E402
 from decoder.connection import KafkaConnection  # noqa: E402
 from decoder.events import ResponseReceived  # noqa: E402
 from decoder.generate_protocol import NEVER_KEPT, ROLE_BY_ENTITY_TYPE, ROLE_BY_NAME_AND_TYPE  # noqa: E402
-import coverage_report  # noqa: E402
 
 _ENTITY_TYPE_NAMES = {"TopicName": "topicName", "GroupId": "groupId", "TransactionalId": "transactionalId"}
 _KAFKA_TYPE = {
@@ -206,9 +206,10 @@ def kio_signature(cls: type) -> list[Any]:
 
 def kwire_signature(layout: list[list[Any]]) -> list[Any]:
     """The same shape from kwire's protocol table."""
-    return [(ftype, tag, kwire_signature(children) if children else None if ftype in ("[]", "{}") else None)
-            if children is None else (ftype, tag, kwire_signature(children))
-            for _name, ftype, _flags, tag, _role, children in layout]
+    return [
+        (ftype, tag, None if children is None else kwire_signature(children))
+        for _name, ftype, _flags, tag, _role, children in layout
+    ]
 
 
 def _serialize(entity: Any, correlation_id: int) -> tuple[bytes, int]:
@@ -259,7 +260,7 @@ def _expected_records(data: bytes | None) -> tuple[int, int, int] | None:
     return batches, records, mask
 
 
-TRIPLES = [t for t in _kio_triples()]
+TRIPLES = _kio_triples()
 COMPARED: set[tuple[str, int, str]] = set()
 
 
@@ -309,10 +310,13 @@ def test_decodes_what_kio_encodes(name: str, version: int, direction: str, path:
     entry = protocol._VERSIONS[direction][(api_key, version)]
     ours, theirs = kwire_signature(protocol._LAYOUTS[entry[1]]), kio_signature(cls)
     if ours != theirs:
-        coverage_report.record("kio triples skipped: definitions differ (unstable api revised)",
-                               f"{name}-v{version}-{direction}")
-        pytest.skip(f"{name} v{version} {direction}: kio's definition differs from Kafka's "
-                    "(an unstable API revised without a version bump)")
+        coverage_report.record(
+            "kio triples skipped: definitions differ (unstable api revised)", f"{name}-v{version}-{direction}"
+        )
+        pytest.skip(
+            f"{name} v{version} {direction}: kio's definition differs from Kafka's "
+            "(an unstable API revised without a version bump)"
+        )
     header_version = int(cls.__header_schema__.__module__.split(".")[-2].lstrip("v"))
     mine = (protocol.request_header_version if direction == "request" else protocol.response_header_version)(
         api_key, version

@@ -1,0 +1,257 @@
+"""The sans-io stream decoder on hand-made frames: framing, matching, gaps, resync."""
+
+from __future__ import annotations
+
+import struct
+
+import kafka_frames as kf
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from decoder.connection import KafkaConnection, looks_like_request
+from decoder.events import (
+    NEED_DATA,
+    MalformedFrame,
+    NoResponseExpected,
+    OrphanResponse,
+    RequestReceived,
+    ResponseReceived,
+    Resync,
+    Unanswered,
+)
+
+UP, DOWN = 0, 1
+
+
+def run(feed: list[tuple[int, bytes]], *, synced: bool = True, close: bool = True) -> list:
+    conn = KafkaConnection(synced=synced)
+    for ts, (direction, data) in enumerate(feed, 1):
+        conn.receive_data(direction, data, ts)
+    if close:
+        conn.receive_close(len(feed) + 1)
+    return conn.events()
+
+
+def terminal(events: list) -> list:
+    return [e for e in events if not isinstance(e, (RequestReceived, Resync))]
+
+
+def test_request_and_response_are_matched_by_correlation_id() -> None:
+    events = run(
+        [
+            (UP, kf.heartbeat_v0(7, group="orders", generation=3, member="m-1")),
+            (DOWN, kf.heartbeat_v0_response(7, error=27)),
+        ]
+    )
+    (done,) = terminal(events)
+    assert isinstance(done, ResponseReceived)
+    assert done.request.client_id == "test-client"
+    assert done.request.fields == {"group_id": "orders", "generation_id": 3, "member_id": "m-1"}
+    assert done.response.fields == {"error_code": 27}
+    assert (done.request.start_ns, done.response.end_ns) == (1, 2)
+
+
+def test_one_byte_at_a_time_gives_the_same_events_as_whole_frames() -> None:
+    stream_up = kf.produce_v3(1, acks=1) + kf.heartbeat_v0(2)
+    stream_down = kf.produce_v3_response(1, {0: 0}) + kf.heartbeat_v0_response(2)
+    whole = terminal(run([(UP, stream_up), (DOWN, stream_down)]))
+    conn = KafkaConnection()
+    for byte in stream_up:
+        conn.receive_data(UP, bytes([byte]), 1)
+    for byte in stream_down:
+        conn.receive_data(DOWN, bytes([byte]), 2)
+    conn.receive_close(3)
+    split = terminal(conn.events())
+    assert [(type(e), e.request.correlation_id, e.response.fields) for e in split] == [
+        (type(e), e.request.correlation_id, e.response.fields) for e in whole
+    ]
+    assert len(whole) == 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(cuts=st.lists(st.integers(1, 400), max_size=30))
+def test_any_chunking_gives_the_same_events(cuts: list[int]) -> None:
+    stream = b"".join(kf.produce_v3(i, acks=-1, partitions=(0, 1)) for i in range(5))
+    chunks, at = [], 0
+    for cut in cuts:
+        chunks.append(stream[at : at + cut])
+        at += cut
+    chunks.append(stream[at:])
+    conn = KafkaConnection()
+    for chunk in chunks:
+        conn.receive_data(UP, chunk, 1)
+    got = [e.request for e in conn.events() if isinstance(e, RequestReceived)]
+    assert [r.correlation_id for r in got] == list(range(5))
+    assert all(r.fields["acks"] == -1 and r.status == "ok" for r in got)
+
+
+def test_produce_acks_0_expects_no_response_and_records_are_counted() -> None:
+    batches = (kf.record_batch(4, codec=1), kf.record_batch(6, codec=4))
+    events = run([(UP, kf.produce_v3(3, acks=0, batches=batches))])
+    (done,) = terminal(events)
+    assert isinstance(done, NoResponseExpected)
+    records = done.request.fields["Topics" if "Topics" in done.request.fields else "TopicData"][0]
+    assert records["PartitionData"][0]["records"] == (2, 10, (1 << 1) | (1 << 4))
+
+
+def test_a_response_to_an_acks_0_request_is_an_orphan_that_says_so() -> None:
+    events = run([(UP, kf.produce_v3(3, acks=0)), (DOWN, kf.produce_v3_response(3, {0: 0}))])
+    orphan = [e for e in events if isinstance(e, OrphanResponse)]
+    assert len(orphan) == 1 and orphan[0].unexpected_for.correlation_id == 3
+    assert orphan[0].response.status == "ok"
+
+
+def test_orphan_response_when_the_request_was_never_seen() -> None:
+    (orphan,) = terminal(run([(DOWN, kf.heartbeat_v0_response(99))]))
+    assert isinstance(orphan, OrphanResponse)
+    assert orphan.response.correlation_id == 99 and orphan.unexpected_for is None
+
+
+def test_unknown_api_key_and_version_skip_by_length_and_still_pair() -> None:
+    unknown_key = kf.request(999, 0, 1, b"\x01\x02\x03")
+    unknown_version = kf.request(12, 99, 2, b"\x00" * 20)
+    events = run(
+        [
+            (UP, unknown_key + unknown_version + kf.heartbeat_v0(3)),
+            (DOWN, kf.response(1, b"\x00\x00") + kf.response(2, b"") + kf.heartbeat_v0_response(3)),
+        ]
+    )
+    done = terminal(events)
+    assert [(e.request.status, e.response.status) for e in done] == [
+        ("unknown_api", "unknown_api"),
+        ("unknown_api", "unknown_api"),
+        ("ok", "ok"),
+    ]
+    assert done[0].request.decode_error == "unknown api key 999"
+    assert done[2].response.fields == {"error_code": 0}
+
+
+def test_malformed_body_is_recorded_and_the_stream_continues() -> None:
+    bad = kf.request(12, 0, 1, struct.pack(">h", 500) + b"short")  # group id claims 500 bytes
+    events = run(
+        [(UP, bad + kf.heartbeat_v0(2)), (DOWN, kf.heartbeat_v0_response(1) + kf.heartbeat_v0_response(2))]
+    )
+    done = terminal(events)
+    assert done[0].request.status == "malformed" and "runs past the frame" in done[0].request.decode_error
+    assert done[1].request.status == "ok"
+
+
+def test_a_later_response_means_earlier_requests_were_never_answered() -> None:
+    events = run(
+        [(UP, kf.heartbeat_v0(1) + kf.heartbeat_v0(2)), (DOWN, kf.heartbeat_v0_response(2))], close=False
+    )
+    done = terminal(events)
+    assert isinstance(done[0], Unanswered) and done[0].reason == "later_response"
+    assert done[0].request.correlation_id == 1
+    assert isinstance(done[1], ResponseReceived)
+
+
+def test_close_reports_pending_requests_and_partial_frames() -> None:
+    partial = kf.heartbeat_v0(5)[:-3]
+    events = run([(UP, kf.heartbeat_v0(4) + partial)])
+    done = terminal(events)
+    assert [(type(e).__name__, e.request.correlation_id, e.request.status) for e in done] == [
+        ("Unanswered", 4, "ok"),
+        ("Unanswered", 5, "truncated"),
+    ]
+
+
+def test_gap_inside_a_frame_truncates_it_and_keeps_alignment() -> None:
+    first, second = kf.heartbeat_v0(1), kf.heartbeat_v0(2)
+    conn = KafkaConnection()
+    conn.receive_data(UP, first[:14], 1)
+    conn.receive_gap(UP, 5, 2)
+    conn.receive_data(UP, first[19:] + second, 3)
+    conn.receive_data(DOWN, kf.heartbeat_v0_response(1) + kf.heartbeat_v0_response(2), 4)
+    events = conn.events()
+    assert not [e for e in events if isinstance(e, Resync)]
+    done = terminal(events)
+    assert [(e.request.correlation_id, e.request.status) for e in done] == [(1, "truncated"), (2, "ok")]
+
+
+def test_gap_across_frames_resyncs_on_the_next_plausible_request() -> None:
+    frames = [kf.heartbeat_v0(i) for i in range(1, 5)]
+    conn = KafkaConnection()
+    conn.receive_data(UP, frames[0] + frames[1][:10], 1)
+    conn.receive_gap(UP, len(frames[1]) - 10 + 7, 2)  # rest of frame 2 and 7 bytes of frame 3
+    conn.receive_data(UP, frames[2][7:] + frames[3], 3)
+    events = conn.events()
+    resyncs = [e for e in events if isinstance(e, Resync)]
+    assert len(resyncs) == 1 and resyncs[0].skipped_bytes == len(frames[2]) - 7
+    seen = [e.request.correlation_id for e in events if isinstance(e, RequestReceived)]
+    assert seen == [1, 4]  # frame 3 lost its header to the gap: it cannot be attributed
+    (cut,) = [e for e in events if isinstance(e, MalformedFrame)]  # frame 2: header cut before its client id
+    assert cut.reason == f"truncated after 10 of {len(frames[1])} bytes"
+
+
+def test_stream_entered_mid_way_finds_the_first_request_boundary() -> None:
+    stream = kf.heartbeat_v0(1) + kf.heartbeat_v0(2)
+    events = run([(UP, stream[9:])], synced=False, close=False)
+    requests = [e.request for e in events if isinstance(e, RequestReceived)]
+    assert [r.correlation_id for r in requests] == [2]
+    (resync,) = [e for e in events if isinstance(e, Resync)]
+    assert resync.reason == "stream entered mid-way" and resync.skipped_bytes == len(kf.heartbeat_v0(1)) - 9
+
+
+def test_responses_resync_on_a_pending_correlation_id() -> None:
+    conn = KafkaConnection(synced=False)
+    conn.receive_data(UP, kf.heartbeat_v0(41) + kf.heartbeat_v0(42), 1)
+    conn.receive_data(DOWN, b"\x07garbage!" + kf.heartbeat_v0_response(41) + kf.heartbeat_v0_response(42), 2)
+    done = terminal(conn.events())
+    assert [(type(e).__name__, e.request.correlation_id) for e in done] == [
+        ("ResponseReceived", 41),
+        ("ResponseReceived", 42),
+    ]
+
+
+def test_implausible_length_is_reported_and_never_allocated() -> None:
+    conn = KafkaConnection()
+    conn.receive_data(UP, struct.pack(">i", 0x7FFFFFFF) + b"\x00" * 100 + kf.heartbeat_v0(3), 1)
+    events = conn.events()
+    malformed = [e for e in events if isinstance(e, MalformedFrame)]
+    assert len(malformed) == 1 and "implausible frame length 2147483647" in malformed[0].reason
+    assert [e.request.correlation_id for e in events if isinstance(e, RequestReceived)] == [3]
+
+
+def test_api_versions_unsupported_version_answered_in_v0_format() -> None:
+    newer = kf.frame(struct.pack(">hhi", 18, 3, 1) + kf.string("c") + b"\x00" + b"\x02x\x021\x00")
+    answer = kf.api_versions_v0_response(1, error=35, apis=((18, 0, 2),))
+    (done,) = terminal(run([(UP, newer), (DOWN, answer)]))
+    assert done.response.status == "ok" and done.response.api_version == 0
+    assert done.response.fields["error_code"] == 35
+    assert done.request.fields == {"client_software_name": "x", "client_software_version": "1"}
+
+
+def test_correlation_id_reuse_closes_the_older_request() -> None:
+    done = terminal(run([(UP, kf.heartbeat_v0(1) + kf.heartbeat_v0(1)), (DOWN, kf.heartbeat_v0_response(1))]))
+    assert [type(e).__name__ for e in done] == ["Unanswered", "ResponseReceived"]
+    assert done[0].reason == "correlation_id_reused"
+
+
+def test_pending_requests_are_bounded() -> None:
+    conn = KafkaConnection(max_pending=10)
+    conn.receive_data(UP, b"".join(kf.heartbeat_v0(i) for i in range(25)), 1)
+    evicted = [e for e in conn.events() if isinstance(e, Unanswered)]
+    assert len(evicted) == 15 and conn.pending_requests == 10
+
+
+def test_next_event_is_need_data_when_drained() -> None:
+    conn = KafkaConnection()
+    assert conn.next_event() is NEED_DATA
+    conn.receive_data(UP, kf.heartbeat_v0(1), 1)
+    assert isinstance(conn.next_event(), RequestReceived)
+    assert conn.next_event() is NEED_DATA
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (kf.heartbeat_v0(1), True),
+        (kf.request(12, 0, 1, b"", client_id="\x01\x02bad"), False),
+        (kf.request(500, 0, 1, b""), False),
+        (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\x00\x00\x00", False),  # a TLS ClientHello
+    ],
+)
+def test_looks_like_request(data: bytes, expected: bool) -> None:
+    assert looks_like_request(data, 0, len(data)) is expected
