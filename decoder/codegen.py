@@ -125,21 +125,15 @@ def _field_code(w: _Writer, ind: int, field: list[Any], flexible: bool, keep: bo
         return
     if ftype in ("string", "bytes", "records"):
         _length(w, ind, compact, wide=ftype != "string")
-        if kept and ftype == "string":
-            w.emit(ind, "if n >= 0:")
+        if kept:
+            # strings: decoded text; records: summarised from batch headers in place
+            value = "b[p:q].decode('utf-8', 'replace')" if ftype == "string" else "_records(b, p, q)"
+            w.emit(ind, "if n >= 0:" if ftype == "string" else "if n > 0:")
             w.emit(ind + 1, "q = p + n")
             w.emit(ind + 1, "if q > e:")
-            w.emit(ind + 2, f"raise Malformed('{name}: string runs past the frame')")
-            w.emit(ind + 1, f"{target} = b[p:q].decode('utf-8', 'replace')")
+            w.emit(ind + 2, f"raise Malformed('{name}: {ftype} runs past the frame')")
+            w.emit(ind + 1, f"{target} = {value}")
             w.emit(ind + 1, "p = q")
-            w.emit(ind, "else:")
-            w.emit(ind + 1, f"{target} = None")
-        elif kept:  # records: summarise batch headers in place
-            w.emit(ind, "if n > 0:")
-            w.emit(ind + 1, "if p + n > e:")
-            w.emit(ind + 2, f"raise Malformed('{name}: records run past the frame')")
-            w.emit(ind + 1, f"{target} = _records(b, p, p + n)")
-            w.emit(ind + 1, "p += n")
             w.emit(ind, "else:")
             w.emit(ind + 1, f"{target} = None")
         else:

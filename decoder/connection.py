@@ -502,49 +502,33 @@ class KafkaConnection:
         buf, pos, have = rx.buf, rx.pos, rx.available()
         start_ns = rx.time_at(pos)
         state.frames += 1
-        if direction == CLIENT_TO_BROKER:
-            if have >= 12:
-                _size, api_key, api_version, corr = _REQUEST_HEAD(buf, pos)
-                header_version = protocol.request_header_version(api_key, api_version)
-                client_id = None
-                if header_version >= 1:
-                    try:
-                        client_id, _ = _read_client_id(buf, pos + 12, pos + have)
-                    except _DECODE_ERRORS:
-                        client_id = None
-                request = Request(
-                    api_key,
-                    api_version,
-                    header_version,
-                    corr,
-                    client_id,
-                    total,
-                    start_ns,
-                    ts_ns,
-                    "truncated",
-                    None,
-                    f"{total - have} of {total} bytes missing",
-                )
-                self._add_request(request, ts_ns)
-            else:
-                self._events.append(
-                    MalformedFrame(
-                        direction, total, start_ns, ts_ns, f"truncated after {have} of {total} bytes"
-                    )
-                )
-            return
-        if have >= 8:
-            corr = _I32(buf, pos + 4)[0]
-            response = Response(
+        missing = f"{total - have} of {total} bytes missing"
+        if direction == CLIENT_TO_BROKER and have >= 12:
+            _size, api_key, api_version, corr = _REQUEST_HEAD(buf, pos)
+            header_version = protocol.request_header_version(api_key, api_version)
+            client_id = None
+            if header_version >= 1:
+                try:
+                    client_id, _ = _read_client_id(buf, pos + 12, pos + have)
+                except _DECODE_ERRORS:
+                    client_id = None
+            request = Request(
+                api_key,
+                api_version,
+                header_version,
                 corr,
-                -1,
+                client_id,
                 total,
                 start_ns,
                 ts_ns,
                 "truncated",
                 None,
-                f"{total - have} of {total} bytes missing",
+                missing,
             )
+            self._add_request(request, ts_ns)
+        elif direction == BROKER_TO_CLIENT and have >= 8:
+            corr = _I32(buf, pos + 4)[0]
+            response = Response(corr, -1, total, start_ns, ts_ns, "truncated", None, missing)
             entry = self._pending.pop(corr, None)
             if entry is None:
                 self._events.append(OrphanResponse(response))
