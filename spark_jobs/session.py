@@ -8,6 +8,7 @@ submit command; otherwise it is ``local[*]`` unless a ``--master`` URL is given.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -63,6 +64,9 @@ def build_session(
         conf["spark.ui.enabled"] = "true" if ui else "false"
         conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={_LOG4J.as_uri()}"
         conf["spark.sql.execution.arrow.pyspark.enabled"] = "false"
+        # Local Python workers run this interpreter (the venv with kwire), not whatever `python3` is;
+        # pyspark reads the variable when the SparkContext starts.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     elif shuffle_partitions:
         conf["spark.sql.shuffle.partitions"] = str(shuffle_partitions)
     for key, value in {**conf, **(extra_conf or {})}.items():
