@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import typer
 
+from kwire.analytics_commands import analyze, audit, sql
 from kwire.decode_command import decode
+from kwire.proxy_command import proxy
 from kwire.runtime import tune_gc
 
 app = typer.Typer(
@@ -22,4 +24,9 @@ def main() -> None:
     tune_gc()
 
 
-app.command()(decode)
+for command in (decode, proxy, analyze, audit, sql):
+    app.command()(command)
+
+
+if __name__ == "__main__":
+    app()

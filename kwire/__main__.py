@@ -1,0 +1,5 @@
+"""`python -m kwire`: the same as the `kwire` command."""
+
+from kwire.cli import app
+
+app(prog_name="kwire")

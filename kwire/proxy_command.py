@@ -1,0 +1,132 @@
+"""``kwire proxy``: a recording Kafka sidecar proxy that can also rehearse failures."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+__all__ = ["proxy"]
+
+
+def _fail(message: str) -> None:
+    print(f"kwire proxy: {message}", file=sys.stderr)
+    raise typer.Exit(2)
+
+
+def proxy(
+    bootstrap: Annotated[
+        list[str], typer.Option("--bootstrap", "-b", help="broker HOST:PORT to forward to (repeatable)")
+    ],
+    listen: Annotated[str, typer.Option(help="address clients connect to")] = "127.0.0.1:9092",
+    out: Annotated[
+        Path | None,
+        typer.Option("-o", "--out", help="dataset directory to record into (no recording without it)"),
+    ] = None,
+    advertise: Annotated[
+        str | None, typer.Option(help="host clients are told to connect to (default: the listen host)")
+    ] = None,
+    broker_port_base: Annotated[
+        int | None,
+        typer.Option(
+            help="broker N gets a listener on BASE + N (default: listen port + 1); 0: any free port"
+        ),
+    ] = None,
+    flush_seconds: Annotated[float, typer.Option(help="close and publish Parquet files this often")] = 10.0,
+    flush_rows: Annotated[int, typer.Option(help="... or once this many rows are waiting")] = 100_000,
+    max_queue_mb: Annotated[
+        int, typer.Option(help="recorder queue bound; chunks beyond it are not decoded (counted)")
+    ] = 64,
+    max_pending_rows: Annotated[
+        int | None,
+        typer.Option(
+            help="rows waiting for the writer at most; more are dropped (counted) (default: 10 x flush-rows)"
+        ),
+    ] = None,
+    tls_cert: Annotated[
+        Path | None, typer.Option(help="terminate TLS for clients with this certificate (PEM)")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="private key of --tls-cert (PEM)")] = None,
+    upstream_tls: Annotated[bool, typer.Option(help="speak TLS to the brokers")] = False,
+    upstream_ca: Annotated[
+        Path | None, typer.Option(help="CA bundle to verify brokers with (default: system CAs)")
+    ] = None,
+    upstream_insecure: Annotated[bool, typer.Option(help="do not verify the brokers' certificates")] = False,
+    inject: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--inject",
+            help="fault rule, e.g. api=Produce,topic=t,partition=0,error=KAFKA_STORAGE_ERROR,rate=1,after=5s,for=30s (repeatable)",
+        ),
+    ] = None,
+    rules: Annotated[
+        Path | None, typer.Option(help="JSON file with a list of fault rules (strings or objects)")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="random seed for rule rates")] = None,
+    metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus metrics on this port")] = None,
+    metrics_host: Annotated[str, typer.Option(help="address the metrics endpoint binds")] = "127.0.0.1",
+    log_level: Annotated[str, typer.Option(help="debug, info, warning, error")] = "info",
+) -> None:
+    """Forward Kafka clients to brokers, record every exchange, optionally inject faults."""
+    from proxy.inject import RuleError, load_rules, parse_rule
+    from proxy.server import Proxy, ProxyConfig, parse_address
+
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper(), logging.INFO),
+        stream=sys.stderr,
+        format="%(asctime)s kwire proxy %(levelname)s %(message)s",
+    )
+    try:
+        targets = [parse_address(b, 9092) for b in bootstrap]
+        listen_address = parse_address(listen, 9092)
+    except ValueError as exc:
+        _fail(str(exc))
+    if bool(tls_cert) != bool(tls_key):
+        _fail("--tls-cert and --tls-key go together")
+    try:
+        fault_rules = [parse_rule(text) for text in inject or []]
+        if rules is not None:
+            fault_rules += load_rules(rules)
+    except (RuleError, OSError, ValueError) as exc:
+        _fail(f"bad fault rule: {exc}")
+    config = ProxyConfig(
+        bootstrap=targets,
+        listen=listen_address,
+        out_dir=out,
+        advertise=advertise,
+        broker_port_base=broker_port_base,
+        flush_seconds=flush_seconds,
+        flush_rows=flush_rows,
+        max_queue_bytes=max_queue_mb << 20,
+        max_pending_rows=max_pending_rows,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        upstream_tls=upstream_tls or upstream_ca is not None,
+        upstream_ca=upstream_ca,
+        upstream_verify=not upstream_insecure,
+        rules=fault_rules,
+        seed=seed,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
+    )
+
+    def ready(running: Proxy) -> None:
+        extra = f", metrics on {metrics_host}:{running.metrics_port}" if running.metrics_port else ""
+        print(
+            f"kwire proxy: listening on {listen_address[0]}:{running.listen_port}{extra}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    # The Parquet writer thread holds the GIL while it converts rows; hand it back to the
+    # forwarding loop every millisecond rather than every 5 (Python's default).
+    sys.setswitchinterval(0.001)
+    try:
+        running = Proxy(config)
+        asyncio.run(running.serve(ready))
+    except OSError as exc:
+        _fail(str(exc))

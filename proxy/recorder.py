@@ -1,0 +1,301 @@
+"""Recording off the forwarding path: chunks in, exchange and connection rows out to Parquet.
+
+The forwarding code hands every chunk it receives from a client, and every chunk it writes
+to one, to ``Recorder.data`` (the chunk object itself: bytes are immutable, nothing is
+copied) and goes on; it never waits for the recorder. The recorder keeps them in a queue
+bounded in bytes and, in slices of a few milliseconds on the same event loop, feeds them
+to one ``KafkaConnection`` per client connection, turning events into rows with
+``kwire.rows.ExchangeRows`` (the same code ``kwire decode`` uses, so rows look the same).
+
+Two bounds keep a slow recorder from slowing traffic:
+
+* the chunk queue (``max_queue_bytes``): a chunk that does not fit is not queued; the
+  decoder is told those bytes are a gap (it resynchronises, exactly as for a capture that
+  lost packets) and ``dropped_bytes`` counts them;
+* the rows waiting for the Parquet writer (``max_pending_rows``): rows beyond it are
+  dropped and counted, per connection (``connections.dropped_rows``) and in total.
+
+Rows are written by ``kwire.dataset.DatasetWriter`` in a worker thread every
+``flush_seconds`` or ``flush_rows`` rows; each roll closes the files and renames them from
+their temporary names, so a reader, or a proxy killed with SIGKILL, only ever leaves
+complete files behind (at most the last window is lost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from decoder.connection import KafkaConnection
+from kwire.dataset import DatasetWriter
+from kwire.rows import ConnectionInfo, ExchangeRows, utc_date
+from proxy.metrics import Metrics
+
+__all__ = ["Recorder"]
+
+_OPEN, _DATA, _GAP, _INJECTED, _CLOSE = range(5)
+
+
+class _Conn:
+    __slots__ = ("decoder", "dropped_rows", "first_ns", "gap_bytes", "info", "injected", "last_ns", "rows")
+
+    def __init__(self, info: ConnectionInfo, ts_ns: int) -> None:
+        self.info = info
+        self.decoder = KafkaConnection()
+        self.rows = ExchangeRows(info)
+        self.injected: set[int] = set()
+        self.dropped_rows = 0
+        self.first_ns = ts_ns
+        self.last_ns = ts_ns
+        self.gap_bytes = [0, 0]
+
+
+class Recorder:
+    """Decodes both directions of every proxied connection and writes rows to ``out_dir``.
+
+    With ``out_dir`` None it still decodes (metrics need error codes and latencies) but
+    writes nothing.
+    """
+
+    def __init__(
+        self,
+        out_dir: str | Path | None,
+        metrics: Metrics,
+        *,
+        flush_seconds: float = 10.0,
+        flush_rows: int = 100_000,
+        max_queue_bytes: int = 64 << 20,
+        max_pending_rows: int | None = None,
+        slice_seconds: float = 0.002,
+    ) -> None:
+        self.metrics = metrics
+        self.flush_seconds = flush_seconds
+        self.flush_rows = flush_rows
+        self.max_queue_bytes = max_queue_bytes
+        self.max_pending_rows = max_pending_rows or max(10 * flush_rows, 200_000)
+        self.slice_seconds = slice_seconds
+        self.writer = DatasetWriter(out_dir) if out_dir is not None else None
+        self._queue: deque[tuple[Any, ...]] = deque()
+        self._queued_bytes = 0
+        self._conns: dict[int, _Conn] = {}
+        self._rows: list[dict[str, Any]] = []
+        self._conn_rows: list[dict[str, Any]] = []
+        self._writing: concurrent.futures.Future[int] | None = None
+        self._writing_rows = 0
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kwire-writer")
+        self._last_flush = time.monotonic()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._wake = asyncio.Event()
+        self.dropped_rows = 0
+        self.rows_total = 0
+
+    # ---- called from the forwarding path (cheap, never blocks) --------------------------
+
+    def open(self, key: int, info: ConnectionInfo, ts_ns: int) -> None:
+        self._queue.append((_OPEN, key, info, ts_ns))
+
+    def data(self, key: int, direction: int, data: bytes, ts_ns: int) -> None:
+        size = len(data)
+        if self._queued_bytes + size > self.max_queue_bytes:
+            self.metrics.dropped_bytes += size
+            self._queue.append((_GAP, key, direction, size, ts_ns))
+        else:
+            self._queued_bytes += size
+            self._queue.append((_DATA, key, direction, data, ts_ns))
+        if not self._wake.is_set():
+            self._wake.set()
+
+    def injected(self, key: int, correlation_id: int) -> None:
+        self._queue.append((_INJECTED, key, correlation_id))
+
+    def close(self, key: int, ts_ns: int, end_reason: str, stats: dict[str, int]) -> None:
+        self._queue.append((_CLOSE, key, ts_ns, end_reason, stats))
+        if not self._wake.is_set():
+            self._wake.set()
+
+    # ---- the recorder task --------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="kwire-recorder")
+
+    async def _run(self) -> None:
+        while not self._stopping:
+            if not self._queue:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=0.5)
+            # let a burst of forwarding work go first, then take a slice
+            await asyncio.sleep(0.002)
+            self._process(self.slice_seconds)
+            self._maybe_flush()
+        self.metrics.recorder_queue_bytes = self._queued_bytes
+
+    def _process(self, budget: float | None) -> None:
+        queue = self._queue
+        deadline = time.monotonic() + budget if budget is not None else None
+        count = 0
+        while queue:
+            item = queue.popleft()
+            kind = item[0]
+            if kind == _DATA:
+                _, key, direction, data, ts_ns = item
+                self._queued_bytes -= len(data)
+                conn = self._conns.get(key)
+                if conn is not None:
+                    conn.last_ns = ts_ns
+                    conn.decoder.receive_data(direction, data, ts_ns)
+                    self._drain(conn)
+            elif kind == _GAP:
+                _, key, direction, nbytes, ts_ns = item
+                conn = self._conns.get(key)
+                if conn is not None:
+                    conn.gap_bytes[direction] += nbytes
+                    conn.decoder.receive_gap(direction, nbytes, ts_ns)
+                    self._drain(conn)
+            elif kind == _OPEN:
+                _, key, info, ts_ns = item
+                self._conns[key] = _Conn(info, ts_ns)
+            elif kind == _INJECTED:
+                conn = self._conns.get(item[1])
+                if conn is not None:
+                    conn.injected.add(item[2])
+            elif kind == _CLOSE:
+                _, key, ts_ns, reason, stats = item
+                conn = self._conns.pop(key, None)
+                if conn is not None:
+                    self._finish(conn, ts_ns, reason, stats)
+            count += 1
+            if deadline is not None and count % 16 == 0 and time.monotonic() > deadline:
+                break
+        self.metrics.recorder_queue_bytes = self._queued_bytes
+
+    def _drain(self, conn: _Conn) -> None:
+        builder = conn.rows
+        metrics = self.metrics
+        for event in conn.decoder.events():
+            row = builder.row(event)
+            if row is None:
+                continue
+            corr = row.get("correlation_id")
+            row["injected"] = corr in conn.injected
+            if row["injected"]:
+                conn.injected.discard(corr)
+            api_key = row.get("api_key")
+            if api_key is not None:
+                latency = row.get("latency_us")
+                if latency is not None:
+                    metrics.observe_latency(api_key, latency / 1e6)
+                code = row.get("error_code")
+                if code:
+                    metrics.errors[(api_key, code)] += 1
+                for result in row.get("partition_errors") or ():
+                    if result.get("error_code"):
+                        metrics.errors[(api_key, result["error_code"])] += 1
+            self.rows_total += 1
+            if self.writer is None:
+                continue
+            if len(self._rows) + self._writing_rows >= self.max_pending_rows:
+                conn.dropped_rows += 1
+                self.dropped_rows += 1
+                metrics.dropped_rows += 1
+                continue
+            self._rows.append(row)
+
+    def _finish(self, conn: _Conn, ts_ns: int, reason: str, stats: dict[str, int]) -> None:
+        conn.decoder.receive_close(ts_ns, "open_at_end" if reason == "open_at_end" else "closed")
+        self._drain(conn)
+        info = conn.info
+        up, down = conn.decoder.stats(0), conn.decoder.stats(1)
+        row = {
+            "source": info.source,
+            "connection_id": info.connection_id,
+            "client_ip": info.client_ip,
+            "client_port": info.client_port,
+            "broker_ip": info.broker_ip,
+            "broker_port": info.broker_port,
+            "first_packet_time": conn.first_ns // 1000,
+            "last_packet_time": max(conn.last_ns, ts_ns) // 1000,
+            "syn_seen": True,
+            "end_reason": reason,
+            "protocol": "kafka",
+            "client_id": conn.rows.client_id,
+            "bytes_to_broker": stats.get("bytes_to_broker", up["bytes"] + conn.gap_bytes[0]),
+            "bytes_to_client": stats.get("bytes_to_client", down["bytes"] + conn.gap_bytes[1]),
+            "frames_to_broker": up["frames"],
+            "frames_to_client": down["frames"],
+            "gap_bytes_to_broker": conn.gap_bytes[0],
+            "gap_bytes_to_client": conn.gap_bytes[1],
+            "resyncs": conn.decoder.resyncs,
+            "dropped_rows": conn.dropped_rows,
+            "date": utc_date(conn.first_ns),
+        }
+        if self.writer is not None:
+            self._conn_rows.append(row)
+
+    # ---- writing ------------------------------------------------------------------------
+
+    def _maybe_flush(self, force: bool = False) -> None:
+        if self.writer is None or (self._writing is not None and not self._writing.done()):
+            return
+        if self._writing is not None:
+            self._collect()
+        due = time.monotonic() - self._last_flush >= self.flush_seconds
+        if not (force or due or len(self._rows) >= self.flush_rows):
+            return
+        self._last_flush = time.monotonic()
+        if not self._rows and not self._conn_rows:
+            return
+        rows, conn_rows = self._rows, self._conn_rows
+        self._rows, self._conn_rows = [], []
+        self._writing_rows = len(rows)
+        self._writing = self._executor.submit(self._write, rows, conn_rows)
+
+    def _write(self, rows: list[dict[str, Any]], conn_rows: list[dict[str, Any]]) -> int:
+        writer = self.writer
+        assert writer is not None
+        for row in rows:
+            writer.exchanges.append(row)
+        for row in conn_rows:
+            writer.connections.append(row)
+        writer.roll()
+        return len(rows)
+
+    def _collect(self) -> None:
+        future, self._writing = self._writing, None
+        self._writing_rows = 0
+        if future is None:
+            return
+        written = future.result()  # a writer error ends the proxy loudly rather than silently
+        self.metrics.rows_written += written
+        self.metrics.files_rolled += 1
+
+    async def stop(self) -> None:
+        """Decode everything queued, close what is still open, write and roll the last files."""
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+        self._process(None)
+        now = time.time_ns()
+        for key in list(self._conns):
+            self._finish(self._conns.pop(key), now, "open_at_end", {})
+        if self._writing is not None:
+            await asyncio.wrap_future(self._writing)
+            self._collect()
+        if self.writer is not None and (self._rows or self._conn_rows):
+            rows, conn_rows = self._rows, self._conn_rows
+            self._rows, self._conn_rows = [], []
+            written = await asyncio.wrap_future(self._executor.submit(self._write, rows, conn_rows))
+            self.metrics.rows_written += written
+            self.metrics.files_rolled += 1
+        self._executor.shutdown(wait=True)
+
+    @property
+    def queued_items(self) -> int:
+        return len(self._queue)

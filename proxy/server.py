@@ -1,0 +1,250 @@
+"""The proxy process: listeners, per-broker listeners opened on first sight, lifecycle.
+
+Clients connect to the listen address (the "bootstrap listener"), whose connections go to
+the ``--bootstrap`` brokers (first that answers). Every broker a response names gets a
+listener of its own at ``broker_port_base + node id`` (opened synchronously, before the
+response that names it reaches the client), whose connections go to that broker's real
+address; responses are rewritten so clients only ever learn proxy addresses
+(``proxy.rewrite``). Each client connection gets its own upstream connection
+(``proxy.session``), so correlation ids and ordering stay the client's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import ssl
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from proxy import tls
+from proxy.inject import Rule, RuleSet
+from proxy.metrics import Metrics, serve_metrics
+from proxy.recorder import Recorder
+from proxy.session import ClientProtocol, Session
+
+__all__ = ["Proxy", "ProxyConfig", "parse_address"]
+
+log = logging.getLogger("kwire.proxy")
+
+
+def parse_address(text: str, default_port: int | None = None) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` too) -> (host, port)."""
+    text = text.strip()
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port = rest.lstrip(":")
+    elif text.count(":") == 1:
+        host, port = text.split(":")
+    else:
+        host, port = text, ""
+    if not port:
+        if default_port is None:
+            raise ValueError(f"{text!r}: expected HOST:PORT")
+        return host, default_port
+    return host or "127.0.0.1", int(port)
+
+
+@dataclass
+class ProxyConfig:
+    bootstrap: list[tuple[str, int]]
+    listen: tuple[str, int] = ("127.0.0.1", 9092)
+    out_dir: Path | None = None
+    advertise: str | None = None
+    broker_port_base: int | None = None  # None: listen port + 1; 0: the OS picks each port
+    flush_seconds: float = 10.0
+    flush_rows: int = 100_000
+    max_queue_bytes: int = 64 << 20
+    max_pending_rows: int | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    upstream_tls: bool = False
+    upstream_ca: Path | None = None
+    upstream_verify: bool = True
+    rules: list[Rule] = field(default_factory=list)
+    seed: int | None = None
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    connect_timeout: float = 10.0
+
+
+class Proxy:
+    """A running ``kwire proxy``: ``await start()``, then ``await stop()`` (or ``serve()``)."""
+
+    def __init__(self, config: ProxyConfig) -> None:
+        self.config = config
+        host, port = config.listen
+        self.source = f"proxy:{host}:{port}"
+        self.run_id = f"{int(time.time()):x}{os.getpid() & 0xFFFF:04x}"
+        self.metrics = Metrics()
+        self.rules = RuleSet(config.rules, seed=config.seed)
+        self.recorder = Recorder(
+            config.out_dir,
+            self.metrics,
+            flush_seconds=config.flush_seconds,
+            flush_rows=config.flush_rows,
+            max_queue_bytes=config.max_queue_bytes,
+            max_pending_rows=config.max_pending_rows,
+        )
+        self.client_ssl: ssl.SSLContext | None = None
+        if config.tls_cert and config.tls_key:
+            self.client_ssl = tls.client_side_context(config.tls_cert, config.tls_key)
+        self.upstream_ssl: ssl.SSLContext | None = None
+        if config.upstream_tls:
+            self.upstream_ssl = tls.upstream_context(config.upstream_ca, verify=config.upstream_verify)
+        self.rewriting = True
+        self.sessions: set[Session] = set()
+        self.nodes: dict[int, tuple[str, int]] = {}  # node id -> broker's real address
+        self.node_ports: dict[int, int] = {}  # node id -> local listener port
+        self.topic_names: dict[str, str] = {}  # topic id -> name, from Metadata responses
+        self.servers: list[asyncio.AbstractServer] = []
+        self._metrics_server: asyncio.AbstractServer | None = None
+        self._session_keys = 0
+        self._stopping = False
+        self.listen_port = port
+
+    @property
+    def advertise(self) -> str:
+        if self.config.advertise:
+            return self.config.advertise
+        host = self.config.listen[0]
+        return socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
+
+    def next_session_key(self) -> int:
+        self._session_keys += 1
+        return self._session_keys
+
+    # ---- listeners --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        host, port = self.config.listen
+        server = await loop.create_server(
+            lambda: ClientProtocol(self, self._bootstrap_targets),
+            host,
+            port,
+            ssl=self.client_ssl,
+            reuse_address=True,
+            backlog=1024,
+        )
+        self.servers.append(server)
+        self.listen_port = server.sockets[0].getsockname()[1]
+        if self.config.listen[1] == 0:
+            self.source = f"proxy:{host}:{self.listen_port}"
+        self.recorder.start()
+        if self.config.metrics_port is not None:
+            self._metrics_server = await serve_metrics(
+                self.metrics, self.config.metrics_host, self.config.metrics_port
+            )
+        log.info(
+            "kwire proxy listening on %s:%s -> %s",
+            host,
+            self.listen_port,
+            ", ".join(f"{h}:{p}" for h, p in self.config.bootstrap),
+        )
+
+    @property
+    def metrics_port(self) -> int | None:
+        if self._metrics_server is None:
+            return None
+        return self._metrics_server.sockets[0].getsockname()[1]
+
+    def _bootstrap_targets(self) -> list[tuple[str, int]]:
+        return list(self.config.bootstrap)
+
+    def _port_for(self, node_id: int) -> int:
+        base = self.config.broker_port_base
+        if base is None:
+            base = self.listen_port + 1
+        if base == 0:
+            return 0
+        return base + node_id
+
+    def local_address(self, node_id: int, host: str, port: int) -> tuple[str, int] | None:
+        """Where clients should reach broker ``node_id`` (now at host:port); opens its
+        listener on first sight. None if no listener could be opened (address left as is)."""
+        self.nodes[node_id] = (host, port)
+        local = self.node_ports.get(node_id)
+        if local is None:
+            local = self._open_node_listener(node_id)
+            if local is None:
+                return None
+        return self.advertise, local
+
+    def _open_node_listener(self, node_id: int) -> int | None:
+        if self._stopping:
+            return None
+        listen_host = self.config.listen[0]
+        port = self._port_for(node_id)
+        if not 0 <= port <= 65535:
+            log.error("broker %s: listener port %s out of range", node_id, port)
+            return None
+        try:
+            infos = socket.getaddrinfo(
+                listen_host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )
+            family, kind, proto, _name, address = infos[0]
+            sock = socket.socket(family, kind, proto)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+            sock.listen(1024)  # clients can connect from now on, before the server task runs
+            sock.setblocking(False)
+        except OSError as exc:
+            log.error("cannot open a listener for broker %s on %s:%s: %s", node_id, listen_host, port, exc)
+            return None
+        local = sock.getsockname()[1]
+        self.node_ports[node_id] = local
+        self.metrics.node_listeners += 1
+
+        def targets(node_id: int = node_id) -> list[tuple[str, int]]:
+            return [self.nodes[node_id]]
+
+        async def serve() -> None:
+            server = await asyncio.get_running_loop().create_server(
+                lambda: ClientProtocol(self, targets), sock=sock, ssl=self.client_ssl
+            )
+            self.servers.append(server)
+            if self._stopping:
+                server.close()
+
+        asyncio.get_running_loop().create_task(serve())
+        log.info(
+            "broker %s (%s:%s) reachable through %s:%s", node_id, *self.nodes[node_id], self.advertise, local
+        )
+        return local
+
+    # ---- lifecycle --------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        """Stop accepting, close open connections, write the last rows."""
+        if self._stopping:
+            return
+        self._stopping = True
+        for server in self.servers:
+            server.close()
+        if self._metrics_server is not None:
+            self._metrics_server.close()
+        for session in list(self.sessions):
+            session.abort("open_at_end")
+        await asyncio.sleep(0)
+        await self.recorder.stop()
+
+    async def serve(self, ready: Any = None) -> None:
+        """Run until SIGTERM or SIGINT, then stop cleanly."""
+        await self.start()
+        loop = asyncio.get_running_loop()
+        done = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, done.set)
+        if ready is not None:
+            ready(self)
+        await done.wait()
+        log.info("stopping: flushing %s rows", len(self.recorder._rows))
+        await self.stop()

@@ -1,0 +1,621 @@
+"""One client connection and its own upstream connection: the forwarding path.
+
+Bytes are forwarded as they arrive. The client -> broker direction is cut into frames by
+their length prefix only to read each request's head (``proxy.framing``): api key, version
+and correlation id tell what the response with that id will be. The broker -> client
+direction is cut into frames only to read each response's correlation id; a response is
+held whole (and re-encoded) only when its api and version can carry broker addresses
+(``proxy.rewrite``). Everything else goes through as the chunks that came in, written
+without copies (whole chunks, or memoryview slices of them).
+
+Fault rules (``proxy.inject``) make the client -> broker side hold whole request frames of
+the apis they name, to match topics and partitions. An error rule answers such a request
+with a response the proxy builds and never forwards it; the injected response is slotted
+into the broker -> client stream in request order (after every earlier request's
+response), since clients pair responses with requests in order. A latency rule holds the
+request, and everything after it on that connection, for the delay. A close rule aborts
+both connections.
+
+Every chunk received from the client and every chunk written to it is handed to the
+recorder (``proxy.recorder``) as is: the recorder sees exactly what the client saw.
+If a stream ever stops looking like Kafka framing (an impossible length), that connection
+falls back to forwarding blindly: the proxy never breaks a client it does not understand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from decoder import protocol
+from proxy import inject, rewrite
+from proxy.framing import RequestHead, parse_request_head
+
+if TYPE_CHECKING:
+    from proxy.server import Proxy
+
+__all__ = ["ClientProtocol", "Session"]
+
+log = logging.getLogger("kwire.proxy")
+
+_RESPONSE_HEAD = struct.Struct(">ii").unpack_from
+_FRAME_LIMIT = 100 << 20
+_time_ns = time.time_ns
+
+
+class _Inflight:
+    __slots__ = ("api_key", "api_version", "correlation_id", "injected")
+
+    def __init__(self, correlation_id: int, api_key: int, api_version: int, injected: bytes | None) -> None:
+        self.correlation_id = correlation_id
+        self.api_key = api_key
+        self.api_version = api_version
+        self.injected = injected
+
+
+class ClientProtocol(asyncio.Protocol):
+    """Accepted client connection; creates its ``Session``."""
+
+    __slots__ = ("proxy", "session", "targets")
+
+    def __init__(self, proxy: Proxy, targets: Any) -> None:
+        self.proxy = proxy
+        self.targets = targets  # callable -> list of (host, port) to try upstream
+        self.session: Session | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.session = Session(self.proxy, transport, self.targets())  # type: ignore[arg-type]
+
+    def data_received(self, data: bytes) -> None:
+        self.session.from_client(data)  # type: ignore[union-attr]
+
+    def eof_received(self) -> bool:
+        self.session.client_gone(None)  # type: ignore[union-attr]
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.session is not None:
+            self.session.client_gone(exc)
+
+    def pause_writing(self) -> None:
+        self.session.pause_upstream(True)  # type: ignore[union-attr]
+
+    def resume_writing(self) -> None:
+        self.session.pause_upstream(False)  # type: ignore[union-attr]
+
+
+class _UpstreamProtocol(asyncio.Protocol):
+    __slots__ = ("session",)
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def data_received(self, data: bytes) -> None:
+        self.session.from_upstream(data)
+
+    def eof_received(self) -> bool:
+        self.session.upstream_gone(None)
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.session.upstream_gone(exc)
+
+    def pause_writing(self) -> None:
+        self.session.pause_client("backpressure", True)
+
+    def resume_writing(self) -> None:
+        self.session.pause_client("backpressure", False)
+
+
+class Session:
+    """Forwarding state of one client connection."""
+
+    def __init__(self, proxy: Proxy, client: asyncio.Transport, targets: list[tuple[str, int]]) -> None:
+        self.proxy = proxy
+        self.metrics = proxy.metrics
+        self.recorder = proxy.recorder
+        self.rules = proxy.rules
+        self.key = proxy.next_session_key()
+        self.cl = client
+        self.up: asyncio.Transport | None = None
+        self.closed = False
+        self.end_reason: str | None = None
+        self.bytes_from_client = 0
+        self.bytes_to_client = 0
+        # client -> broker
+        self.c_backlog: list[tuple[Any, int]] | None = []  # chunks before upstream is ready
+        self.c_delayed: list[Any] | None = None  # chunks held behind a latency rule
+        self.c_frame_left = 0
+        self.c_head = bytearray()
+        self.c_hold: bytearray | None = None
+        self.c_hold_left = 0
+        self.c_hold_head: RequestHead | None = None
+        self.c_blind = False
+        self.c_pause: set[str] = set()
+        # broker -> client
+        self.b_frame_left = 0
+        self.b_head = bytearray()
+        self.b_hold: bytearray | None = None
+        self.b_hold_left = 0
+        self.b_hold_entry: _Inflight | None = None
+        self.b_blind = False
+        self.inflight: deque[_Inflight] = deque()
+        self.inflight_ids: dict[int, int] = {}
+        self.injected_waiting = 0
+        peer = client.get_extra_info("peername") or (None, None)
+        self.client_addr = (peer[0], peer[1])
+        self.metrics.connections_open += 1
+        self.metrics.connections_total += 1
+        proxy.sessions.add(self)
+        self.pause_client("connecting", True)
+        self._connect_task = asyncio.get_running_loop().create_task(self._connect(targets))
+
+    # ---- connection life --------------------------------------------------------------
+
+    async def _connect(self, targets: list[tuple[str, int]]) -> None:
+        loop = asyncio.get_running_loop()
+        error: BaseException | None = None
+        for host, port in targets:
+            try:
+                transport, _ = await asyncio.wait_for(
+                    loop.create_connection(
+                        lambda: _UpstreamProtocol(self),
+                        host,
+                        port,
+                        ssl=self.proxy.upstream_ssl,
+                        server_hostname=host if self.proxy.upstream_ssl else None,
+                    ),
+                    timeout=self.proxy.config.connect_timeout,
+                )
+            except (OSError, TimeoutError) as exc:
+                error = exc
+                continue
+            if self.closed:
+                transport.abort()
+                return
+            self.up = transport  # type: ignore[assignment]
+            peer = transport.get_extra_info("peername") or (host, port)
+            self._open_record(peer[0], peer[1])
+            backlog, self.c_backlog = self.c_backlog or [], None
+            for data, ts in backlog:
+                self._from_client(data, ts)
+            self.pause_client("connecting", False)
+            return
+        self.metrics.upstream_failures += 1
+        log.warning("no broker reachable for client %s:%s (%s)", *self.client_addr, error)
+        host, port = targets[0] if targets else (None, None)
+        self._open_record(host, port)
+        for data, ts in self.c_backlog or []:
+            self.recorder.data(self.key, 0, data, ts)
+        self.c_backlog = None
+        self.end_reason = "rst"
+        self._finish()
+        self.cl.abort()
+
+    def _open_record(self, broker_ip: str | None, broker_port: int | None) -> None:
+        from kwire.rows import ConnectionInfo
+
+        info = ConnectionInfo(
+            self.proxy.source,
+            f"{self.proxy.run_id}-{self.key}",
+            self.client_addr[0],
+            self.client_addr[1],
+            broker_ip,
+            broker_port,
+        )
+        self.recorder.open(self.key, info, _time_ns())
+
+    def pause_client(self, reason: str, on: bool) -> None:
+        if self.closed:
+            return
+        was = bool(self.c_pause)
+        if on:
+            self.c_pause.add(reason)
+        else:
+            self.c_pause.discard(reason)
+        now = bool(self.c_pause)
+        if now != was:
+            try:
+                if now:
+                    self.cl.pause_reading()
+                else:
+                    self.cl.resume_reading()
+            except (AttributeError, RuntimeError):
+                pass
+
+    def pause_upstream(self, on: bool) -> None:
+        if self.up is not None and not self.closed:
+            try:
+                if on:
+                    self.up.pause_reading()
+                else:
+                    self.up.resume_reading()
+            except (AttributeError, RuntimeError):
+                pass
+
+    def client_gone(self, exc: Exception | None) -> None:
+        if self.closed:
+            return
+        self.end_reason = "fin" if exc is None else "rst"
+        self._finish()
+        if self.up is not None:
+            self.up.close()  # what the client sent is flushed to the broker first
+        self._connect_task.cancel()
+
+    def upstream_gone(self, exc: Exception | None) -> None:
+        if self.closed:
+            return
+        self.end_reason = "fin" if exc is None else "rst"
+        self._finish()
+        self.cl.close()  # what the broker sent is flushed to the client first
+
+    def abort(self, reason: str) -> None:
+        """Cut both connections now (proxy shutdown, injected close)."""
+        if self.closed:
+            return
+        self.end_reason = reason
+        self._finish()
+        self.cl.abort()
+        if self.up is not None:
+            self.up.abort()
+        self._connect_task.cancel()
+
+    def _finish(self) -> None:
+        self.closed = True
+        self.proxy.sessions.discard(self)
+        self.metrics.connections_open -= 1
+        if self.c_backlog is None:  # opened in the recorder
+            self.recorder.close(
+                self.key,
+                _time_ns(),
+                self.end_reason or "fin",
+                {"bytes_to_broker": self.bytes_from_client, "bytes_to_client": self.bytes_to_client},
+            )
+
+    # ---- client -> broker -------------------------------------------------------------
+
+    def from_client(self, data: bytes) -> None:
+        if self.c_backlog is not None:
+            self.c_backlog.append((data, _time_ns()))
+            return
+        self._from_client(data, _time_ns())
+
+    def _from_client(self, data: Any, ts: int) -> None:
+        if self.closed:
+            return
+        self.bytes_from_client += len(data)
+        self.metrics.bytes_to_broker += len(data)
+        self.recorder.data(self.key, 0, data, ts)
+        if self.c_delayed is not None:
+            self.c_delayed.append(data)
+            return
+        self._c2b(data)
+
+    def _c2b(self, data: Any) -> None:
+        up = self.up
+        if self.c_blind:
+            up.write(data)
+            return
+        n = len(data)
+        pos = 0
+        span = 0  # start of the bytes still to forward from this chunk
+        while pos < n:
+            left = self.c_frame_left
+            if left:
+                take = left if left < n - pos else n - pos
+                pos += take
+                self.c_frame_left = left - take
+                continue
+            if self.c_hold is not None:
+                take = min(self.c_hold_left, n - pos)
+                self.c_hold += data[pos : pos + take]
+                pos += take
+                span = pos
+                self.c_hold_left -= take
+                if self.c_hold_left == 0:
+                    frame, head = bytes(self.c_hold), self.c_hold_head
+                    self.c_hold = self.c_hold_head = None
+                    if self._held_request(head, frame):  # processing stops here (delay, close)
+                        if self.c_delayed is not None and pos < n:
+                            self.c_delayed.insert(0, data[pos:])
+                        return
+                continue
+            # at a frame boundary: read the head before deciding what to do with the frame
+            if self.c_head:
+                buf = bytes(self.c_head) + bytes(data[pos : pos + 2048])
+                start, end = 0, len(buf)
+            else:
+                buf, start, end = data, pos, n
+            try:
+                head = parse_request_head(buf, start, end)
+            except ValueError:
+                self._go_blind_client(data, span, pos)
+                return
+            if head is None:
+                if span < pos:
+                    up.write(memoryview(data)[span:pos])
+                self.c_head += data[pos:]
+                pos = span = n
+                continue
+            hold = self._request_head(head)
+            held = bytes(self.c_head)
+            self.c_head.clear()
+            if hold:
+                if span < pos:
+                    up.write(memoryview(data)[span:pos])
+                self.c_hold = bytearray(held)
+                self.c_hold_left = head.size - len(held)
+                self.c_hold_head = head
+                span = pos
+            else:
+                if held:
+                    up.write(held)
+                self.c_frame_left = head.size - len(held)
+        if span < n:
+            up.write(data if span == 0 else memoryview(data)[span:])
+
+    def _go_blind_client(self, data: Any, span: int, pos: int) -> None:
+        log.warning(
+            "client %s:%s: request stream does not look like Kafka; forwarding blindly", *self.client_addr
+        )
+        self.c_blind = True
+        if self.c_head:
+            self.up.write(bytes(self.c_head))
+            self.c_head.clear()
+        self.up.write(memoryview(data)[span:])
+
+    def _request_head(self, head: RequestHead) -> bool:
+        """Note a request; True if its whole frame must be held (a fault rule may act on it)."""
+        self.metrics.requests[(head.api_key, head.api_version, head.client_id or "")] += 1
+        if self.rules and self.rules.may_apply(head.api_key):
+            return True
+        if head.expects_response:
+            self._expect(head, None)
+        return False
+
+    def _expect(self, head: RequestHead, injected: bytes | None) -> None:
+        corr = head.correlation_id
+        self.inflight.append(_Inflight(corr, head.api_key, head.api_version, injected))
+        self.inflight_ids[corr] = self.inflight_ids.get(corr, 0) + 1
+        if injected is not None:
+            self.injected_waiting += 1
+
+    def _held_request(self, head: RequestHead, frame: bytes) -> bool:
+        """A whole request a rule may act on. True if client processing must stop for now."""
+        fields = None
+        if self.rules.needs_body(head.api_key):
+            decoder = protocol.request_decoder(head.api_key, head.api_version)
+            if decoder is not None:
+                hv = protocol.request_header_version(head.api_key, head.api_version)
+                try:
+                    from decoder import message_codec
+
+                    _h, body_at = message_codec.decode_header("request", hv, frame, 4)
+                    fields, _stop = decoder(frame, body_at, len(frame))
+                except Exception:  # undecodable: no topic/partition can match
+                    fields = None
+        rule = self.rules.decide(head.api_key, head.client_id, fields, self.proxy.topic_names)
+        if rule is None or (rule.action == "error" and not head.expects_response):
+            return self._forward_request(head, frame)
+        if rule.action == "error":
+            try:
+                response = inject.build_error_response(
+                    head.api_key,
+                    head.api_version,
+                    head.correlation_id,
+                    frame,
+                    rule.error_code,
+                    self.proxy.topic_names,
+                )
+            except Exception as exc:
+                log.warning(
+                    "cannot build a %s v%s response for rule %r (%s); forwarding the request",
+                    protocol.api_name(head.api_key),
+                    head.api_version,
+                    rule.text,
+                    exc,
+                )
+                return self._forward_request(head, frame)
+            self.metrics.injected[(rule.text, "error")] += 1
+            self._expect(head, response)
+            self.recorder.injected(self.key, head.correlation_id)
+            self._flush_injected()
+            return False
+        if rule.action == "latency":
+            self.metrics.injected[(rule.text, "latency")] += 1
+            if head.expects_response:
+                self._expect(head, None)
+            self.c_delayed = []
+            self.pause_client("latency", True)
+            asyncio.get_running_loop().call_later(rule.latency_s, self._release, frame)
+            return True
+        self.metrics.injected[(rule.text, "close")] += 1
+        self.abort("rst")
+        return True
+
+    def _forward_request(self, head: RequestHead, frame: bytes) -> bool:
+        if head.expects_response:
+            self._expect(head, None)
+        self.up.write(frame)
+        return False
+
+    def _release(self, frame: bytes) -> None:
+        """A delayed request's time has come: forward it and what queued up behind it."""
+        if self.closed:
+            return
+        self.up.write(frame)
+        pending, self.c_delayed = self.c_delayed or [], None
+        for i, chunk in enumerate(pending):
+            self._c2b(chunk)
+            if self.c_delayed is not None:  # another delay started: keep the rest behind it
+                self.c_delayed.extend(pending[i + 1 :])
+                return
+            if self.closed:
+                return
+        self.pause_client("latency", False)
+
+    # ---- broker -> client -------------------------------------------------------------
+
+    def _to_client(self, data: Any) -> None:
+        self.cl.write(data)
+        self.bytes_to_client += len(data)
+        self.metrics.bytes_to_client += len(data)
+        self.recorder.data(self.key, 1, data, _time_ns())
+
+    def _match(self, corr: int) -> tuple[_Inflight | None, list[bytes]]:
+        """The request a response answers, and injected responses due before it."""
+        if corr not in self.inflight_ids:
+            return None, []
+        before: list[bytes] = []
+        queue = self.inflight
+        while queue:
+            entry = queue.popleft()
+            left = self.inflight_ids[entry.correlation_id] - 1
+            if left:
+                self.inflight_ids[entry.correlation_id] = left
+            else:
+                del self.inflight_ids[entry.correlation_id]
+            if entry.injected is not None:
+                self.injected_waiting -= 1
+                before.append(entry.injected)
+            elif entry.correlation_id == corr:
+                return entry, before
+        return None, before
+
+    def _flush_injected(self) -> None:
+        """Write injected responses now at the head of the queue, if no response is mid-way."""
+        if not self.injected_waiting or self.b_frame_left or self.b_hold is not None or self.b_head:
+            return
+        queue = self.inflight
+        while queue and queue[0].injected is not None:
+            entry = queue.popleft()
+            left = self.inflight_ids[entry.correlation_id] - 1
+            if left:
+                self.inflight_ids[entry.correlation_id] = left
+            else:
+                del self.inflight_ids[entry.correlation_id]
+            self.injected_waiting -= 1
+            self._to_client(entry.injected)
+
+    def from_upstream(self, data: bytes) -> None:
+        if self.closed:
+            return
+        if self.b_blind:
+            self._to_client(data)
+            return
+        n = len(data)
+        pos = 0
+        span = 0
+        while pos < n:
+            left = self.b_frame_left
+            if left:
+                take = left if left < n - pos else n - pos
+                pos += take
+                self.b_frame_left = left - take
+                if self.injected_waiting and not self.b_frame_left:
+                    self._to_client(memoryview(data)[span:pos])
+                    span = pos
+                    self._flush_injected()
+                continue
+            if self.b_hold is not None:
+                take = min(self.b_hold_left, n - pos)
+                self.b_hold += data[pos : pos + take]
+                pos += take
+                span = pos
+                self.b_hold_left -= take
+                if not self.b_hold_left:
+                    frame, entry = bytes(self.b_hold), self.b_hold_entry
+                    self.b_hold = self.b_hold_entry = None
+                    self._to_client(self._rewritten(frame, entry))
+                    self._flush_injected()
+                continue
+            prefix = None
+            if self.b_head or n - pos < 8:
+                if span < pos:
+                    self._to_client(memoryview(data)[span:pos])
+                piece = data[pos : pos + 8 - len(self.b_head)]
+                self.b_head += piece
+                pos += len(piece)
+                span = pos
+                if len(self.b_head) < 8:
+                    continue
+                prefix = bytes(self.b_head)
+                self.b_head.clear()
+                size, corr = _RESPONSE_HEAD(prefix, 0)
+            else:
+                size, corr = _RESPONSE_HEAD(data, pos)
+            if size < 4 or size > _FRAME_LIMIT:
+                self._go_blind_upstream(data, span, pos, prefix)
+                return
+            entry, before = self._match(corr)
+            if before:
+                if span < pos and prefix is None:
+                    self._to_client(memoryview(data)[span:pos])
+                    span = pos
+                for response in before:
+                    self._to_client(response)
+            total = size + 4
+            if (
+                entry is not None
+                and self.proxy.rewriting
+                and rewrite.has_endpoints(entry.api_key, entry.api_version)
+            ):
+                if prefix is None:
+                    if span < pos:
+                        self._to_client(memoryview(data)[span:pos])
+                    self.b_hold = bytearray()
+                    self.b_hold_left = total
+                    span = pos
+                else:
+                    self.b_hold = bytearray(prefix)
+                    self.b_hold_left = total - 8
+                self.b_hold_entry = entry
+                continue
+            if prefix is not None:
+                self._to_client(prefix)
+                self.b_frame_left = total - 8
+                if not self.b_frame_left and self.injected_waiting:
+                    self._flush_injected()
+            else:
+                self.b_frame_left = total
+        if span < n:
+            self._to_client(data if span == 0 else memoryview(data)[span:])
+        if self.injected_waiting:
+            self._flush_injected()
+
+    def _go_blind_upstream(self, data: Any, span: int, pos: int, prefix: bytes | None) -> None:
+        log.warning("broker stream to %s:%s does not look like Kafka; forwarding blindly", *self.client_addr)
+        self.b_blind = True
+        if prefix is not None:
+            self._to_client(prefix)
+        if span < len(data):
+            self._to_client(memoryview(data)[span:])
+
+    def _rewritten(self, frame: bytes, entry: _Inflight) -> bytes:
+        learned: list[rewrite.Endpoint] = []
+        try:
+            out = rewrite.rewrite_response(
+                frame,
+                entry.api_key,
+                entry.api_version,
+                self.proxy.local_address,
+                learned,
+                self.proxy.topic_names,
+            )
+        except rewrite.DECODE_ERRORS as exc:
+            self.metrics.rewrite_errors[entry.api_key] += 1
+            log.warning(
+                "could not rewrite a %s v%s response (%s); forwarded unchanged",
+                protocol.api_name(entry.api_key),
+                entry.api_version,
+                exc,
+            )
+            return frame
+        if out is None:
+            return frame
+        self.metrics.rewrites[entry.api_key] += 1
+        return out

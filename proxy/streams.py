@@ -1,0 +1,72 @@
+"""Byte streams and Kafka frames of the TCP connections in capture files.
+
+Used to check the proxy against captures taken on either side of it (byte-exactness, what
+was rewritten) and to test the message codec on real frames; the proxy itself never reads
+captures.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from decoder.pcap import iter_segments_merged
+from decoder.tcp import StreamClosed, StreamData, StreamGap, StreamOpened, TcpReassembler
+
+__all__ = ["CapturedStream", "capture_streams", "split_frames"]
+
+_I32 = struct.Struct(">i").unpack_from
+
+
+@dataclass
+class CapturedStream:
+    """Both directions of one TCP connection as the capture saw them."""
+
+    client: tuple[str, int]
+    server: tuple[str, int]
+    syn_seen: bool
+    data: tuple[bytearray, bytearray] = field(default_factory=lambda: (bytearray(), bytearray()))
+    gap_bytes: int = 0
+    how: str = "open_at_end"
+
+
+def capture_streams(paths: Sequence[str | os.PathLike[str]]) -> list[CapturedStream]:
+    """Every connection in the captures, in opening order; ``data[0]`` is client -> server."""
+    reassembler = TcpReassembler()
+    streams: dict[int, CapturedStream] = {}
+    order: list[CapturedStream] = []
+
+    def take(events: list) -> None:
+        for event in events:
+            if isinstance(event, StreamOpened):
+                stream = CapturedStream(
+                    (event.client_ip, event.client_port), (event.server_ip, event.server_port), event.syn_seen
+                )
+                streams[event.conn_id] = stream
+                order.append(stream)
+            elif isinstance(event, StreamData):
+                streams[event.conn_id].data[event.direction].extend(event.data)
+            elif isinstance(event, StreamGap):
+                streams[event.conn_id].gap_bytes += event.nbytes
+            elif isinstance(event, StreamClosed):
+                streams[event.conn_id].how = event.how
+
+    last = 0
+    for segment in iter_segments_merged(paths):
+        last = segment.ts_ns
+        take(reassembler.feed(segment))
+    take(reassembler.finish(last))
+    return order
+
+
+def split_frames(data: bytes | bytearray) -> Iterator[bytes]:
+    """Complete length-prefixed frames of a stream (a partial frame at the end is left out)."""
+    pos = 0
+    while len(data) - pos >= 4:
+        size = _I32(data, pos)[0]
+        if size < 0 or pos + 4 + size > len(data):
+            return
+        yield bytes(data[pos : pos + 4 + size])
+        pos += 4 + size

@@ -1,0 +1,536 @@
+"""The proxy's parts without a real broker: request heads, rules, built responses, rewriting,
+and whole sessions against a scripted fake broker (ordering, injection, blind forwarding, SASL).
+"""
+
+from __future__ import annotations
+
+import socket
+import socketserver
+import struct
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow.dataset as ds
+import pytest
+
+from decoder import message_codec as mc
+from decoder import protocol
+from decoder.connection import KafkaConnection
+from decoder.events import ResponseReceived
+from proxy import rewrite
+from proxy.embedded import ProxyThread
+from proxy.framing import parse_request_head
+from proxy.inject import RuleError, RuleSet, build_error_response, load_rules, parse_duration, parse_rule
+from proxy.server import ProxyConfig, parse_address
+from proxy.streams import capture_streams, split_frames
+
+CAPTURES = sorted((Path(__file__).resolve().parent.parent / "captures").glob("*.pcap"))
+
+
+# ---- building frames ---------------------------------------------------------------------
+
+
+def request_frame(
+    key: int, version: int, corr: int, body: dict[str, Any] | None = None, client_id: str | None = "unit"
+) -> bytes:
+    header = {"RequestApiKey": key, "RequestApiVersion": version, "CorrelationId": corr}
+    if protocol.request_header_version(key, version) >= 1:
+        header["ClientId"] = client_id
+    return mc.encode_frame(
+        "request",
+        key,
+        version,
+        header,
+        body if body is not None else mc.default_tree("request", key, version),
+    )
+
+
+def response_frame(key: int, version: int, corr: int, body: dict[str, Any]) -> bytes:
+    return mc.encode_frame("response", key, version, {"CorrelationId": corr}, body)
+
+
+def produce_request(
+    version: int, corr: int, topic: str = "t", partitions: tuple[int, ...] = (0, 1), acks: int = 1
+) -> bytes:
+    body = mc.default_tree("request", 0, version)
+    body["Acks"] = acks
+    layout = protocol.layout("request", 0, version)[1]
+    topic_fields = next(f for f in layout if f[0] == "TopicData")[5]
+    entry = {f[0]: mc._default_value(f) for f in topic_fields if f[3] is None}
+    if "Name" in entry:
+        entry["Name"] = topic
+    else:
+        entry["TopicId"] = b"\x01" * 16
+    entry["PartitionData"] = [{"Index": p, "Records": b""} for p in partitions]
+    body["TopicData"] = [entry]
+    return request_frame(0, version, corr, body)
+
+
+def decode_response(key: int, version: int, request: bytes, response: bytes) -> dict[str, Any]:
+    conn = KafkaConnection()
+    conn.receive_data(0, request, 1)
+    conn.receive_data(1, response, 2)
+    [event] = [e for e in conn.events() if isinstance(e, ResponseReceived)]
+    assert event.response.status == "ok", event.response.decode_error
+    assert event.response.decode_error is None
+    return event.response.fields
+
+
+# ---- request heads ---------------------------------------------------------------------------
+
+
+def test_request_head_reads_header_and_acks() -> None:
+    for version in (3, 7, 9, 11):
+        frame = produce_request(version, 42, acks=0)
+        head = parse_request_head(frame, 0, len(frame))
+        assert (head.api_key, head.api_version, head.correlation_id) == (0, version, 42)
+        assert head.client_id == "unit" and head.acks == 0 and not head.expects_response
+        assert head.size == len(frame)
+    frame = request_frame(12, 0, 7)
+    assert parse_request_head(frame, 0, 11) is None  # fewer than 12 bytes
+    assert parse_request_head(frame, 0, 15) is None  # client id not complete yet
+    head = parse_request_head(frame, 0, len(frame))
+    assert head.client_id == "unit" and head.acks is None and head.expects_response
+    with pytest.raises(ValueError):
+        parse_request_head(struct.pack(">ihhi", -5, 0, 0, 0), 0, 12)
+
+
+def test_request_head_from_real_captures() -> None:
+    seen = 0
+    for stream in capture_streams(CAPTURES[:2]):
+        for frame in split_frames(stream.data[0]):
+            head = parse_request_head(frame, 0, len(frame))
+            key, version, corr = struct.unpack_from(">hhi", frame, 4)
+            assert (head.api_key, head.api_version, head.correlation_id, head.size) == (
+                key,
+                version,
+                corr,
+                len(frame),
+            )
+            assert head.client_id and head.client_id.startswith("kwire-test")
+            if key == 0:
+                assert head.acks in (0, 1, -1)
+            seen += 1
+    assert seen > 50
+
+
+# ---- rules ---------------------------------------------------------------------------------
+
+
+def test_parse_rule_text_and_json(tmp_path: Path) -> None:
+    rule = parse_rule("api=Produce,topic=t,partition=0,error=KAFKA_STORAGE_ERROR,rate=1,after=5s,for=30s")
+    assert (rule.api_key, rule.topic, rule.partition, rule.action, rule.error_code) == (
+        0,
+        "t",
+        0,
+        "error",
+        56,
+    )
+    assert (rule.rate, rule.after_s, rule.for_s) == (1.0, 5.0, 30.0)
+    assert not rule.active(4.9) and rule.active(5.0) and rule.active(34.9) and not rule.active(35.0)
+    assert parse_rule("api=1,latency=250ms").latency_s == pytest.approx(0.25)
+    assert parse_rule("api=JoinGroup,client_id=x,close").action == "close"
+    assert parse_rule("api=fetch,error=6").error_code == 6
+    assert parse_duration("2m") == 120 and parse_duration("1.5") == 1.5
+    for bad in (
+        "api=Nope,error=1",
+        "api=Produce",
+        "api=Produce,error=1,close",
+        "error=NOT_AN_ERROR",
+        "api=Produce,error=1,rate=2",
+        "api=Produce,error=1,colour=red",
+    ):
+        with pytest.raises(RuleError):
+            parse_rule(bad)
+    path = tmp_path / "rules.json"
+    path.write_text('["api=Produce,error=56", {"api": "Fetch", "latency": "10ms", "rate": 0.5}]')
+    rules = load_rules(path)
+    assert [r.action for r in rules] == ["error", "latency"] and rules[1].rate == 0.5
+
+
+def test_ruleset_matches_topic_partition_client_and_rate() -> None:
+    rules = RuleSet(
+        [
+            parse_rule("api=Produce,topic=t,partition=1,error=56"),
+            parse_rule("api=Heartbeat,client_id=c1,close"),
+            parse_rule("api=Fetch,error=6,rate=0.5"),
+        ],
+        seed=1,
+    )
+    fields = {"TopicData": [{"topic": "t", "PartitionData": [{"partition": 0}, {"partition": 1}]}]}
+    assert rules.decide(0, "x", fields, {}).error_code == 56
+    other = {"TopicData": [{"topic": "t", "PartitionData": [{"partition": 0}]}]}
+    assert rules.decide(0, "x", other, {}) is None
+    assert rules.decide(12, "c1", None, {}).action == "close"
+    assert rules.decide(12, "c2", None, {}) is None
+    assert rules.may_apply(0) and not rules.may_apply(3)
+    hits = sum(rules.decide(1, "x", None, {}) is not None for _ in range(400))
+    assert 120 < hits < 280  # rate 0.5
+    by_id = RuleSet([parse_rule("api=Fetch,topic=named,error=6")])
+    fields = {"Topics": [{"topic_id": "AQEBAQEBAQEBAQEBAQEBAQ", "Partitions": [{"partition": 0}]}]}
+    assert by_id.decide(1, None, fields, {"AQEBAQEBAQEBAQEBAQEBAQ": "named"}) is not None
+    assert by_id.decide(1, None, fields, {}) is None
+
+
+# ---- built error responses -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", range(protocol.version_range(0)[0], protocol.version_range(0)[1] + 1))
+def test_error_response_for_every_produce_version(version: int) -> None:
+    request = produce_request(version, 9, partitions=(0, 1))
+    response = build_error_response(0, version, 9, request, 56, {"AQEBAQEBAQEBAQEBAQEBAQ": "t"})
+    fields = decode_response(0, version, request, response)
+    [topic] = fields["Responses"]
+    assert [p["partition"] for p in topic["PartitionResponses"]] == [0, 1]
+    assert {p["error_code"] for p in topic["PartitionResponses"]} == {56}
+    tree = mc.decode_frame("response", response, 0, version)[1]
+    assert all(p["BaseOffset"] == -1 for p in tree["Responses"][0]["PartitionResponses"])
+
+
+@pytest.mark.parametrize("version", range(4, protocol.version_range(1)[1] + 1))
+def test_error_response_for_fetch_versions(version: int) -> None:
+    body = mc.default_tree("request", 1, version)
+    layout = protocol.layout("request", 1, version)[1]
+    topic_fields = next(f for f in layout if f[0] == "Topics")[5]
+    topic = {f[0]: mc._default_value(f) for f in topic_fields if f[3] is None}
+    topic["Topic" if "Topic" in topic else "TopicId"] = "t" if "Topic" in topic else b"\x01" * 16
+    part_fields = next(f for f in topic_fields if f[0] == "Partitions")[5]
+    topic["Partitions"] = [
+        {**{f[0]: mc._default_value(f) for f in part_fields if f[3] is None}, "Partition": 3}
+    ]
+    body["Topics"] = [topic]
+    request = request_frame(1, version, 5, body)
+    response = build_error_response(1, version, 5, request, 6)
+    fields = decode_response(1, version, request, response)
+    [part] = fields["Responses"][0]["Partitions"]
+    assert part["partition"] == 3 and part["error_code"] == 6
+    assert fields.get("error_code", 0) == 0  # the fetch as a whole did not fail
+    tree = mc.decode_frame("response", response, 1, version)[1]
+    partition = tree["Responses"][0]["Partitions"][0]
+    assert partition.get("PreferredReadReplica", -1) == -1 and partition["HighWatermark"] == -1
+
+
+@pytest.mark.parametrize(
+    ("key", "version"),
+    [(12, 0), (12, 4), (11, 5), (11, 9), (10, 1), (10, 4), (3, 12), (8, 8), (8, 9), (2, 7), (9, 8)],
+)
+def test_error_response_for_other_apis(key: int, version: int) -> None:
+    request = request_frame(key, version, 77)
+    if key == 10 and version >= 4:
+        body = mc.default_tree("request", key, version)
+        body["CoordinatorKeys"] = ["g1", "g2"]
+        request = request_frame(key, version, 77, body)
+    response = build_error_response(key, version, 77, request, 15)
+    fields = decode_response(key, version, request, response)
+    codes = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if "error_code" in node:
+                codes.append(node["error_code"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(fields)
+    if key == 10 and version >= 4:
+        assert [c["coordinator_key"] for c in fields["Coordinators"]] == ["g1", "g2"]
+    if codes:
+        assert set(codes) == {15}
+
+
+# ---- rewriting ---------------------------------------------------------------------------------
+
+
+def test_has_endpoints_follows_the_table() -> None:
+    assert all(rewrite.has_endpoints(3, v) for v in range(0, 13))
+    assert all(rewrite.has_endpoints(10, v) for v in range(0, 6))
+    assert rewrite.has_endpoints(60, 0)
+    assert rewrite.has_endpoints(0, 10) and not rewrite.has_endpoints(0, 9)  # KIP-951 node endpoints
+    assert rewrite.has_endpoints(1, 16) and not rewrite.has_endpoints(1, 15)
+    assert not rewrite.has_endpoints(18, 3) and not rewrite.has_endpoints(12, 4)
+
+
+def _capture_responses(key: int) -> list[tuple[int, bytes]]:
+    out = []
+    for stream in capture_streams(CAPTURES):
+        versions = {}
+        for frame in split_frames(stream.data[0]):
+            k, v, corr = struct.unpack_from(">hhi", frame, 4)
+            versions[corr] = (k, v)
+        for frame in split_frames(stream.data[1]):
+            corr = struct.unpack_from(">i", frame, 4)[0]
+            if versions.get(corr, (None,))[0] == key:
+                out.append((versions[corr][1], frame))
+    return out
+
+
+@pytest.mark.parametrize("key", [3, 10])
+def test_rewrite_real_responses(key: int) -> None:
+    responses = _capture_responses(key)
+    assert responses
+    for version, frame in responses:
+        learned: list[rewrite.Endpoint] = []
+        out = rewrite.rewrite_response(
+            frame, key, version, lambda n, h, p: ("proxy.local", 30000 + n), learned
+        )
+        if not learned:  # e.g. FindCoordinator error answers carry no usable endpoint
+            assert out is None
+            continue
+        assert learned[0][1:] == ("127.0.0.1", 9092)
+        assert out is not None and struct.unpack_from(">i", out)[0] == len(out) - 4
+        before = mc.decode_frame("response", frame, key, version)[1]
+        after = mc.decode_frame("response", out, key, version)[1]
+        hosts = [s for s in rewrite._tree_endpoints(after)]
+        assert hosts and all(s["Host"] == "proxy.local" and s["Port"] == 30111 for s in hosts)
+        for s in rewrite._tree_endpoints(before):
+            s["Host"], s["Port"] = "proxy.local", 30111
+        assert before == after  # nothing but host and port changed
+    # an address that needs no change leaves the frame alone
+    version, frame = responses[0]
+    assert rewrite.rewrite_response(frame, key, version, lambda n, h, p: (h, p)) is None
+
+
+def test_parse_address() -> None:
+    assert parse_address("h:1") == ("h", 1)
+    assert parse_address("h", 9092) == ("h", 9092)
+    assert parse_address("[::1]:5") == ("::1", 5)
+    with pytest.raises(ValueError):
+        parse_address("h")
+
+
+# ---- whole sessions against a scripted broker -------------------------------------------------
+
+
+class FakeBroker:
+    """A threaded TCP server answering each request frame with ``handler(frame)`` (None: no answer),
+    after ``delay`` seconds. ``raw=True`` echoes bytes back instead. Records what it received."""
+
+    def __init__(
+        self, handler: Callable[[bytes], bytes | None] | None = None, delay: float = 0.0, raw: bool = False
+    ) -> None:
+        self.handler = handler
+        self.delay = delay
+        self.raw = raw
+        self.received: list[bytes] = []
+        self.received_bytes = bytearray()
+        outer = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                sock = self.request
+                sock.settimeout(10)
+                buf = bytearray()
+                while True:
+                    try:
+                        chunk = sock.recv(65536)
+                    except OSError:
+                        return
+                    if not chunk:
+                        return
+                    outer.received_bytes += chunk
+                    if outer.raw:
+                        sock.sendall(chunk)
+                        continue
+                    buf += chunk
+                    while len(buf) >= 4 and len(buf) >= 4 + struct.unpack_from(">i", buf)[0]:
+                        size = 4 + struct.unpack_from(">i", buf)[0]
+                        frame = bytes(buf[:size])
+                        del buf[:size]
+                        outer.received.append(frame)
+                        answer = outer.handler(frame) if outer.handler else None
+                        if answer is not None:
+                            time.sleep(outer.delay)
+                            sock.sendall(answer)
+
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def scripted(frame: bytes) -> bytes | None:
+    """Answers Heartbeat, Metadata (one broker: node 7 at this fake), SaslHandshake/Authenticate."""
+    key, version, corr = struct.unpack_from(">hhi", frame, 4)
+    body = mc.default_tree("response", key, version)
+    if key == 3:
+        body["Brokers"] = [{"NodeId": 7, "Host": "localhost", "Port": SCRIPTED_PORT[0], "Rack": None}]
+        if version == 0:
+            del body["Brokers"][0]["Rack"]
+    elif key == 17:
+        body["Mechanisms"] = ["PLAIN"]
+    elif key == 0:
+        return (
+            None
+            if parse_request_head(frame, 0, len(frame)).acks == 0
+            else response_frame(key, version, corr, body)
+        )
+    return response_frame(key, version, corr, body)
+
+
+SCRIPTED_PORT = [0]
+
+
+def recv_frames(sock: socket.socket, count: int, timeout: float = 5.0) -> list[bytes]:
+    sock.settimeout(timeout)
+    buf = bytearray()
+    frames = []
+    while len(frames) < count:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+        while len(buf) >= 4 and len(buf) >= 4 + struct.unpack_from(">i", buf)[0]:
+            size = 4 + struct.unpack_from(">i", buf)[0]
+            frames.append(bytes(buf[:size]))
+            del buf[:size]
+    return frames
+
+
+@pytest.fixture
+def fake() -> Any:
+    broker = FakeBroker(scripted, delay=0.05)
+    SCRIPTED_PORT[0] = broker.port
+    yield broker
+    broker.close()
+
+
+def proxy_config(broker_port: int, tmp_path: Path | None = None, **extra: Any) -> ProxyConfig:
+    return ProxyConfig(
+        bootstrap=[("127.0.0.1", broker_port)],
+        listen=("127.0.0.1", 0),
+        broker_port_base=0,
+        out_dir=tmp_path,
+        flush_seconds=0.2,
+        **extra,
+    )
+
+
+def test_injected_response_keeps_request_order(fake: FakeBroker, tmp_path: Path) -> None:
+    config = proxy_config(
+        fake.port, tmp_path, rules=[parse_rule("api=Produce,topic=t,partition=1,error=56")], metrics_port=0
+    )
+    produce = produce_request(7, 2, partitions=(0, 1))
+    with (
+        ProxyThread(config) as running,
+        socket.create_connection(("127.0.0.1", running.proxy.listen_port)) as s,
+    ):
+        # pipelined: the broker answers 1 and 3 after 50 ms each; 2 is answered by the proxy
+        s.sendall(
+            request_frame(12, 0, 1)
+            + produce
+            + request_frame(12, 0, 3)
+            + produce_request(7, 4, partitions=(0,))
+        )
+        frames = recv_frames(s, 4)
+        metrics = urllib.request.urlopen(
+            f"http://127.0.0.1:{running.proxy.metrics_port}/metrics", timeout=5
+        ).read()
+    assert [struct.unpack_from(">i", f, 4)[0] for f in frames] == [1, 2, 3, 4]
+    fields = decode_response(0, 7, produce, frames[1])
+    assert {p["error_code"] for p in fields["Responses"][0]["PartitionResponses"]} == {56}
+    # the broker never saw request 2: nothing was written behind the client's back
+    assert [struct.unpack_from(">i", f, 8)[0] for f in fake.received] == [1, 3, 4]
+    assert (
+        b'kwire_proxy_injected_faults_total{rule="api=Produce,topic=t,partition=1,error=56",action="error"} 1'
+        in metrics
+    )
+    assert b'kwire_proxy_requests_total{api="Heartbeat",api_key="0"' not in metrics
+    assert b'api="Heartbeat",api_key="12",version="0",client_id="unit"} 2' in metrics
+    table = ds.dataset(tmp_path / "exchanges", partitioning="hive").to_table().sort_by("correlation_id")
+    assert table["correlation_id"].to_pylist() == [1, 2, 3, 4]
+    assert table["injected"].to_pylist() == [False, True, False, False]
+    assert table["status"].to_pylist() == ["ok"] * 4
+
+
+def test_latency_and_close_rules(fake: FakeBroker) -> None:
+    config = proxy_config(
+        fake.port,
+        rules=[
+            parse_rule("api=Heartbeat,client_id=slow,latency=300ms"),
+            parse_rule("api=Heartbeat,client_id=cut,close"),
+        ],
+    )
+    with ProxyThread(config) as running:
+        port = running.proxy.listen_port
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            started = time.monotonic()
+            s.sendall(request_frame(12, 0, 1, client_id="slow") + request_frame(12, 0, 2, client_id="fast"))
+            frames = recv_frames(s, 2)
+            took = time.monotonic() - started
+        assert [struct.unpack_from(">i", f, 4)[0] for f in frames] == [1, 2]
+        assert took >= 0.3
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(request_frame(12, 0, 5, client_id="cut"))
+            assert recv_frames(s, 1) == []  # closed without an answer
+    assert 5 not in [struct.unpack_from(">i", f, 8)[0] for f in fake.received]
+
+
+def test_metadata_rewritten_and_broker_listener_serves(fake: FakeBroker, tmp_path: Path) -> None:
+    with ProxyThread(proxy_config(fake.port, tmp_path, advertise="127.0.0.1")) as running:
+        with socket.create_connection(("127.0.0.1", running.proxy.listen_port)) as s:
+            request = request_frame(3, 9, 11)
+            s.sendall(request)
+            [frame] = recv_frames(s, 1)
+        fields = decode_response(3, 9, request, frame)
+        [broker] = fields["Brokers"]
+        assert broker["node_id"] == 7 and broker["host"] == "127.0.0.1"
+        assert broker["port"] == running.proxy.node_ports[7] != fake.port
+        # the advertised listener reaches the same broker
+        with socket.create_connection(("127.0.0.1", broker["port"])) as s:
+            s.sendall(request_frame(12, 0, 12))
+            [frame] = recv_frames(s, 1)
+        assert struct.unpack_from(">i", frame, 4)[0] == 12
+        assert running.proxy.metrics.rewrites[3] == 1
+    table = ds.dataset(tmp_path / "exchanges", partitioning="hive").to_table()
+    brokers = [b for row in table["metadata_brokers"].to_pylist() if row for b in row]
+    assert brokers and {b["host"] for b in brokers} == {"127.0.0.1"}  # rows show what the client saw
+
+
+def test_unknown_api_and_garbage_pass_through_unchanged() -> None:
+    echo = FakeBroker(raw=True)
+    try:
+        with ProxyThread(proxy_config(echo.port)) as running:
+            unknown = struct.pack(">ihhi", 10, 999, 3, 1) + b"\x00\x02hi"
+            garbage = struct.pack(">i", -7) + bytes(range(256)) * 4
+            for payload in (unknown * 3, unknown + garbage):
+                with socket.create_connection(("127.0.0.1", running.proxy.listen_port)) as s:
+                    s.settimeout(5)
+                    s.sendall(payload)
+                    got = bytearray()
+                    while len(got) < len(payload):
+                        chunk = s.recv(65536)
+                        if not chunk:
+                            break
+                        got += chunk
+                assert bytes(got) == payload
+    finally:
+        echo.close()
+
+
+def test_sasl_passes_through_and_credentials_are_not_recorded(fake: FakeBroker, tmp_path: Path) -> None:
+    secret = b"\x00alice\x00s3cr3t-password"
+    handshake = request_frame(17, 1, 1, {"Mechanism": "PLAIN"})
+    authenticate = request_frame(36, 2, 2, {"AuthBytes": secret})
+    with (
+        ProxyThread(proxy_config(fake.port, tmp_path)) as running,
+        socket.create_connection(("127.0.0.1", running.proxy.listen_port)) as s,
+    ):
+        s.sendall(handshake + authenticate)
+        frames = recv_frames(s, 2)
+    assert len(frames) == 2
+    assert fake.received == [handshake, authenticate]  # forwarded unchanged
+    table = ds.dataset(tmp_path / "exchanges", partitioning="hive").to_table()
+    assert "PLAIN" in table["sasl_mechanism"].to_pylist()
+    for path in tmp_path.rglob("*.parquet"):
+        assert b"s3cr3t" not in path.read_bytes()
