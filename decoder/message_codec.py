@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from decoder import protocol
+from decoder.primitives import Malformed, read_uvarint
 
 __all__ = [
     "CodecError",
@@ -65,22 +66,6 @@ _I32 = _FIXED["int32"]
 
 class CodecError(ValueError):
     """The bytes do not fit the layout, or a tree does not fit it."""
-
-
-def read_uvarint(buf: Any, pos: int) -> tuple[int, int]:
-    """Unsigned LEB128 varint (at most 5 bytes); return (value, new position)."""
-    value = 0
-    shift = 0
-    for _ in range(5):
-        if pos >= len(buf):
-            raise CodecError("varint runs past the buffer")
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-    raise CodecError("unsigned varint longer than 5 bytes")
 
 
 def write_uvarint(value: int) -> bytes:
@@ -250,7 +235,7 @@ def decode_message(
     reader = _Reader(buf, end, zero_copy)
     try:
         tree, stop = _decode_struct(reader, pos, fields, flexible)
-    except (struct.error, IndexError) as exc:
+    except (struct.error, IndexError, Malformed) as exc:
         raise CodecError(str(exc)) from exc
     if stop > end:
         raise CodecError(f"body runs {stop - end} bytes past the frame")
@@ -379,7 +364,7 @@ def decode_header(
     reader = _Reader(buf, len(buf) if end is None else end, False)
     try:
         return _decode_struct(reader, pos, fields, flexible)
-    except (struct.error, IndexError) as exc:
+    except (struct.error, IndexError, Malformed) as exc:
         raise CodecError(str(exc)) from exc
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from decoder import protocol
+from decoder.primitives import read_uvarint
 
 __all__ = ["HEAD_LIMIT", "RequestHead", "parse_request_head"]
 
@@ -44,17 +45,14 @@ class RequestHead:
 
 
 def _uvarint(buf: Any, pos: int, end: int) -> tuple[int, int]:
-    value = shift = 0
-    for _ in range(5):
-        if pos >= end:
-            raise _Short
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-    raise ValueError("varint too long")
+    """A varint from the bytes at hand (``end``); ``_Short`` when it is not all there yet."""
+    try:
+        value, stop = read_uvarint(buf, pos)
+    except IndexError:
+        raise _Short from None
+    if stop > end:
+        raise _Short
+    return value, stop
 
 
 def parse_request_head(buf: Any, pos: int, end: int) -> RequestHead | None:
