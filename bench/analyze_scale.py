@@ -17,6 +17,7 @@ to broker 3, a NOT_COORDINATOR storm, unanswered requests, acks 0/1/all producer
 from __future__ import annotations
 
 import argparse
+import itertools
 import shutil
 import sys
 import tempfile
@@ -29,7 +30,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kwire.schema import CONNECTIONS_SCHEMA, EXCHANGES_SCHEMA  # noqa: E402
+from kwire.schema import CONNECTIONS_SCHEMA, EXCHANGES_SCHEMA
 
 START_US = 1_714_604_400_000_000  # 2024-05-01T23:00:00Z: the window crosses midnight (2 dates)
 WINDOW_S = 7200
@@ -52,11 +53,23 @@ APIS = {
 }
 # software -> (name, version, max version per api key, share of clients)
 SOFTWARE = [
-    ("apache-kafka-java", "3.7.0", {0: 10, 1: 16, 2: 8, 3: 12, 8: 9, 9: 9, 10: 4, 11: 9, 12: 4, 14: 5, 18: 3, 22: 4}),
+    (
+        "apache-kafka-java",
+        "3.7.0",
+        {0: 10, 1: 16, 2: 8, 3: 12, 8: 9, 9: 9, 10: 4, 11: 9, 12: 4, 14: 5, 18: 3, 22: 4},
+    ),
     ("librdkafka", "2.3.0", {0: 9, 1: 11, 2: 7, 3: 12, 8: 8, 9: 8, 10: 2, 11: 5, 12: 3, 14: 3, 18: 3, 22: 4}),
     ("sarama", "1.42.1", {0: 7, 1: 11, 2: 4, 3: 7, 8: 7, 9: 7, 10: 2, 11: 5, 12: 3, 14: 3, 18: 3, 22: 4}),
-    (None, None, {0: 8, 1: 11, 2: 5, 3: 9, 8: 8, 9: 8, 10: 3, 11: 6, 12: 4, 14: 4, 18: 2, 22: 3}),  # kafka-python-ish
-    ("confluent-kafka-go", "2.2.0", {0: 2, 1: 11, 2: 7, 3: 12, 8: 8, 9: 8, 10: 2, 11: 5, 12: 3, 14: 3, 18: 3, 22: 4}),
+    (
+        None,
+        None,
+        {0: 8, 1: 11, 2: 5, 3: 9, 8: 8, 9: 8, 10: 3, 11: 6, 12: 4, 14: 4, 18: 2, 22: 3},
+    ),  # kafka-python-ish
+    (
+        "confluent-kafka-go",
+        "2.2.0",
+        {0: 2, 1: 11, 2: 7, 3: 12, 8: 8, 9: 8, 10: 2, 11: 5, 12: 3, 14: 3, 18: 3, 22: 4},
+    ),
 ]
 N_CLIENTS = 60
 TOPICS = [f"topic-{i:02d}" for i in range(40)]
@@ -108,7 +121,12 @@ def synthesize(root: Path, n: int, seed: int = 7) -> dict[str, int]:
 
     # top-level errors: NOT_COORDINATOR / LOAD_IN_PROGRESS storm on group APIs for 10 minutes
     group_api = np.isin(api_key, [8, 9, 11, 12, 14])
-    storm = group_api & (t_us > START_US + 1200 * 1_000_000) & (t_us < START_US + 1800 * 1_000_000) & (broker == 0)
+    storm = (
+        group_api
+        & (t_us > START_US + 1200 * 1_000_000)
+        & (t_us < START_US + 1800 * 1_000_000)
+        & (broker == 0)
+    )
     error_code = np.where(answered, 0, -9999).astype(np.int16)
     error_code[storm & answered] = np.where(rng.random(int((storm & answered).sum())) < 0.7, 16, 14)
     # partition results for Produce/Fetch/OffsetCommit: 1-3 partitions each
@@ -127,7 +145,13 @@ def synthesize(root: Path, n: int, seed: int = 7) -> dict[str, int]:
     p_err[(rng.random(total) < 0.001)] = 3
     topic_names = _strings(TOPICS, p_topic)
     pe_values = pa.StructArray.from_arrays(
-        [topic_names, pa.nulls(total, pa.string()), pa.array(p_part), pa.nulls(total, pa.string()), pa.array(p_err)],
+        [
+            topic_names,
+            pa.nulls(total, pa.string()),
+            pa.array(p_part),
+            pa.nulls(total, pa.string()),
+            pa.array(p_err),
+        ],
         fields=list(EXCHANGES_SCHEMA.field("partition_errors").type.value_type),
     )
     partition_errors = pa.ListArray.from_arrays(pa.array(offsets), pe_values, mask=pa.array(~has_parts))
@@ -182,7 +206,20 @@ def synthesize(root: Path, n: int, seed: int = 7) -> dict[str, int]:
 
     # ApiVersions responses: the 20 client APIs as advertised by a 3.7 broker
     is_av = answered & (api_key == 18)
-    adv = [(0, 0, 10), (1, 0, 16), (2, 0, 8), (3, 0, 12), (8, 0, 9), (9, 0, 9), (10, 0, 4), (11, 0, 9), (12, 0, 4), (14, 0, 5), (18, 0, 3), (22, 0, 4)]
+    adv = [
+        (0, 0, 10),
+        (1, 0, 16),
+        (2, 0, 8),
+        (3, 0, 12),
+        (8, 0, 9),
+        (9, 0, 9),
+        (10, 0, 4),
+        (11, 0, 9),
+        (12, 0, 4),
+        (14, 0, 5),
+        (18, 0, 3),
+        (22, 0, 4),
+    ]
     n_av = int(is_av.sum())
     av_type = EXCHANGES_SCHEMA.field("api_versions").type.value_type
     av_values = pa.StructArray.from_arrays(
@@ -236,7 +273,11 @@ def synthesize(root: Path, n: int, seed: int = 7) -> dict[str, int]:
     }
     columns["group_id"] = pa.array(np.where(group_api, np.array(group_ids, object)[cl], None), pa.string())
     columns["error_name"] = pa.array(
-        np.where(error_code == 16, "NOT_COORDINATOR", np.where(error_code == 14, "COORDINATOR_LOAD_IN_PROGRESS", "NONE")).astype(object),
+        np.where(
+            error_code == 16,
+            "NOT_COORDINATOR",
+            np.where(error_code == 14, "COORDINATOR_LOAD_IN_PROGRESS", "NONE"),
+        ).astype(object),
         pa.string(),
         mask=~answered,
     )
@@ -271,7 +312,11 @@ def synthesize(root: Path, n: int, seed: int = 7) -> dict[str, int]:
     }
     cfile_schema = CONNECTIONS_SCHEMA.remove(CONNECTIONS_SCHEMA.get_field_index("date"))
     carrays = [ccols[f.name] if f.name in ccols else pa.nulls(m, f.type) for f in cfile_schema]
-    _write_by_date(root / "connections", pa.Table.from_arrays(carrays, schema=cfile_schema), (first // 86_400_000_000) * 86_400)
+    _write_by_date(
+        root / "connections",
+        pa.Table.from_arrays(carrays, schema=cfile_schema),
+        (first // 86_400_000_000) * 86_400,
+    )
     return {"exchanges": n, "connections": m, "partition_results": total}
 
 
@@ -282,7 +327,9 @@ def _write_by_date(base: Path, table: pa.Table, day_s: np.ndarray, rows_per_file
         out.mkdir(parents=True, exist_ok=True)
         part = table.filter(pa.array(day_s == day))
         for i, offset in enumerate(range(0, part.num_rows, rows_per_file)):
-            pq.write_table(part.slice(offset, rows_per_file), out / f"part-{i:03d}.parquet", row_group_size=500_000)
+            pq.write_table(
+                part.slice(offset, rows_per_file), out / f"part-{i:03d}.parquet", row_group_size=500_000
+            )
 
 
 # Headline queries, each in Spark SQL and DuckDB dialects, over views/tables named like the dataset.
@@ -322,7 +369,9 @@ def run_size(n: int, workdir: Path, master: str, keep: bool) -> dict[str, float]
     t0 = time.perf_counter()
     sizes = synthesize(root, n)
     gen_s = time.perf_counter() - t0
-    print(f"\n== {n:,} exchanges ({sizes['connections']:,} connections, {sizes['partition_results']:,} partition results): generated in {gen_s:.1f}s")
+    print(
+        f"\n== {n:,} exchanges ({sizes['connections']:,} connections, {sizes['partition_results']:,} partition results): generated in {gen_s:.1f}s"
+    )
 
     spark = build_session(master, "kwire-bench")
     t0 = time.perf_counter()
@@ -330,7 +379,9 @@ def run_size(n: int, workdir: Path, master: str, keep: bool) -> dict[str, float]
         spark, root, root / "report", versions=load_broker_versions(), target_releases=["4.0"]
     )
     analyse_s = time.perf_counter() - t0
-    print(f"full analysis ({len(results)} results) on {master}: {analyse_s:.1f}s = {n / analyse_s:,.0f} rows/s")
+    print(
+        f"full analysis ({len(results)} results) on {master}: {analyse_s:.1f}s = {n / analyse_s:,.0f} rows/s"
+    )
     for name, secs in sorted(timings.items(), key=lambda kv: -kv[1]):
         print(f"  {name:30s} {secs:6.1f}s")
 
@@ -348,10 +399,12 @@ def run_size(n: int, workdir: Path, master: str, keep: bool) -> dict[str, float]
         print("duckdb not installed: skipping the reference run (pip install duckdb)")
     if duckdb is not None:
         con = duckdb.connect()
-        con.execute(f"CREATE VIEW exchanges AS SELECT * FROM read_parquet('{root}/exchanges/*/*.parquet', hive_partitioning = true)")
+        con.execute(
+            f"CREATE VIEW exchanges AS SELECT * FROM read_parquet('{root}/exchanges/*/*.parquet', hive_partitioning = true)"
+        )
         for name, (_, sql) in HEADLINES.items():
             t0 = time.perf_counter()
-            rows = con.execute(sql).fetch_arrow_table().to_pylist()
+            rows = con.execute(sql).to_arrow_table().to_pylist()
             duck_q[name] = (time.perf_counter() - t0, len(rows))
     print(f"  {'headline query':32s} {'spark s':>8s} {'rows':>6s} {'duckdb s':>9s} {'rows':>6s}")
     for name in HEADLINES:
@@ -366,7 +419,9 @@ def run_size(n: int, workdir: Path, master: str, keep: bool) -> dict[str, float]
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="1000000,10000000", help="comma-separated row counts (default: %(default)s)")
+    parser.add_argument(
+        "--sizes", default="1000000,10000000", help="comma-separated row counts (default: %(default)s)"
+    )
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--workdir", type=Path, default=None, help="where datasets go (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the synthesized datasets")
@@ -377,9 +432,13 @@ def main(argv: list[str] | None = None) -> int:
     stats = [run_size(n, workdir, args.master, args.keep) for n in sizes]
     print("\n== summary")
     for s in stats:
-        print(f"  {s['rows']:>12,} rows: analysis {s['analyse_s']:6.1f}s, {s['rows_per_s']:>10,.0f} rows/s (generation {s['generate_s']:.1f}s)")
-    for a, b in zip(stats, stats[1:], strict=False):
-        print(f"  {a['rows']:,} -> {b['rows']:,} rows (x{b['rows'] / a['rows']:.0f}): time x{b['analyse_s'] / a['analyse_s']:.2f}")
+        print(
+            f"  {s['rows']:>12,} rows: analysis {s['analyse_s']:6.1f}s, {s['rows_per_s']:>10,.0f} rows/s (generation {s['generate_s']:.1f}s)"
+        )
+    for a, b in itertools.pairwise(stats):
+        print(
+            f"  {a['rows']:,} -> {b['rows']:,} rows (x{b['rows'] / a['rows']:.0f}): time x{b['analyse_s'] / a['analyse_s']:.2f}"
+        )
     if not args.workdir and not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0

@@ -285,9 +285,9 @@ class KafkaConnection:
             size = _I32(buf, pos)[0]
             if size < minimum or size > limit:
                 self._events.append(
-                    MalformedFrame(
+                    MalformedFrame(  # size 4: only the length prefix surely belongs to it
                         direction,
-                        4 + max(size, 0),
+                        4,
                         rx.time_at(pos),
                         ts_ns,
                         f"implausible frame length {size}",
@@ -358,8 +358,8 @@ class KafkaConnection:
         if size < _MIN_RESPONSE or size > self.frame_limit:
             return False
         corr = _I32(buf, at + 4)[0]
-        if self._pending:
-            return corr in self._pending
+        if self._pending or self._acks0:  # some brokers (Tansu) answer acks=0 Produce too
+            return corr in self._pending or corr in self._acks0
         # Nothing pending to match against: require the whole frame and a plausible next one.
         frame_end = at + 4 + size
         if frame_end > end:

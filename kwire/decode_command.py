@@ -1,24 +1,55 @@
-"""``kwire decode``: capture files in, a Parquet dataset out, a summary on the terminal."""
+"""``kwire decode``: capture files in, a Parquet dataset out, a summary on the terminal.
+
+``decode_captures`` is the whole decode with no I/O of its own besides reading the captures:
+segments (``decoder.pcap``) -> TCP reassembly (``decoder.tcp``) -> ``kwire.pipeline.StreamDecoder``
+-> rows handed to two callbacks. The Spark decode job and the tests call it directly.
+
+``decode`` is the command. What it promises a user:
+
+* Every file is checked before anything is written: a missing, unreadable or non-capture file (also
+  the second of several) stops it with one line on stderr and exit code 2, and no dataset.
+* The dataset is built in a temporary folder beside the target and moved into place at the end, so
+  an existing dataset is replaced (``--overwrite``) only by a complete new one, and ``--overwrite``
+  refuses to delete a folder that is not a kwire dataset.
+* A capture that turns out damaged (cut mid-packet, corrupt record) keeps every row decoded before
+  the damage: summary on stdout, one line on stderr saying what happened, exit code 2.
+* Ctrl-C keeps what was decoded so far (exit code 130). Any other failure (disk full, ...) is one
+  line on stderr and exit code 2, never a traceback, and leaves no partial dataset behind.
+* The summary goes to stdout (``--quiet`` drops it); a progress bar shows on stderr when it is a
+  terminal, only.
+"""
 
 from __future__ import annotations
 
 import os
 import shutil
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from decoder.connection import DEFAULT_FRAME_LIMIT
-from decoder.pcap import CaptureError, CaptureStats, NotACaptureError, iter_segments_merged
+from decoder.pcap import (
+    CaptureError,
+    CaptureStats,
+    NotACaptureError,
+    TcpSegment,
+    iter_segments,
+    iter_segments_merged,
+)
 from decoder.tcp import TcpReassembler
-from kwire.dataset import DatasetWriter
 from kwire.pipeline import DecodeSummary, Row, StreamDecoder
 
-__all__ = ["DecodeResult", "decode", "decode_captures"]
+__all__ = ["DecodeResult", "decode", "decode_captures", "source_name"]
+
+#: Exit codes of ``kwire decode``.
+EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 2, 130
+_PROGRESS_EVERY = 4096  # segments between progress callbacks
+_MIX = 0x9E3779B1  # 2**32 / golden ratio
+_DATASET_PARTS = {"exchanges", "connections"}
 
 
 @dataclass
@@ -43,49 +74,166 @@ def decode_captures(
     forced_ports: Iterable[int] = (),
     frame_limit: int = DEFAULT_FRAME_LIMIT,
     progress: Callable[[CaptureStats], None] | None = None,
+    shard: tuple[int, int] | None = None,
 ) -> DecodeResult:
     """Decode capture files (merged by time) into rows handed to the two callbacks.
 
     A damaged capture does not raise: every row before the damage is delivered, open
-    connections are closed as ``open_at_end``, and the error is returned in the result.
+    connections are closed as ``open_at_end``, and the error is returned in the result (so is
+    an I/O error reading a file). Errors raised by the callbacks propagate.
+
+    ``shard=(k, n)`` decodes only the connections whose ports fall in part k of n (see
+    ``shard_of``); the n parts together give exactly the rows of the whole.
     """
     capture = CaptureStats()
     reassembler = TcpReassembler()
-    streams = StreamDecoder(source_name(paths), on_exchange, on_connection,
-                            forced_ports=forced_ports, frame_limit=frame_limit)
+    streams = StreamDecoder(
+        source_name(paths), on_exchange, on_connection, forced_ports=forced_ports, frame_limit=frame_limit
+    )
     feed = streams.feed
+    rfeed = reassembler.feed
     last_ts = 0
     error: CaptureError | None = None
+    segments = _read_errors_as_damage(iter_segments_merged(paths, capture), source_name(paths))
+    part, parts = shard or (0, 1)
     try:
-        for count, segment in enumerate(iter_segments_merged(paths, capture), 1):
-            last_ts = segment.ts_ns
-            for event in reassembler.feed(segment):
-                feed(event)
-            if progress is not None and count % 20_000 == 0:
+        for count, segment in enumerate(segments, 1):
+            ts = segment.ts_ns
+            if ts > last_ts:
+                last_ts = ts
+            if parts == 1 or ((segment.src_port ^ segment.dst_port) * _MIX >> 16 & 0xFFFF) % parts == part:
+                for event in rfeed(segment):
+                    feed(event)
+            if progress is not None and count % _PROGRESS_EVERY == 0:
                 progress(capture)
     except CaptureError as exc:
         error = exc
     for event in reassembler.finish(last_ts):
         feed(event)
+    if progress is not None:
+        progress(capture)
     return DecodeResult(streams.summary, capture, error)
 
 
-def _print_summary(result: DecodeResult, out_dir: Path, console) -> None:
+def shard_of(port_a: int, port_b: int, parts: int) -> int:
+    """The part a connection between these two ports belongs to: the same for both directions and
+    for every packet of the connection, so each part holds whole connections. The ports are mixed
+    (Fibonacci hashing) first: Linux gives outgoing connections even ports, so plain parity would
+    put every client of a broker in the same part."""
+    return ((port_a ^ port_b) * _MIX >> 16 & 0xFFFF) % parts
+
+
+def _read_errors_as_damage(segments: Iterator[TcpSegment], name: str) -> Iterator[TcpSegment]:
+    """The segments; a file that cannot be read on (I/O error) ends them like damage does. (Only
+    reading is covered: an OSError raised by a callback, such as a full disk, propagates.)"""
+    try:
+        yield from segments
+    except OSError as exc:
+        raise CaptureError(f"{exc.filename or name}: read error: {exc.strerror or exc}") from exc
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the command
+
+
+class _WorkerError(Exception):
+    """A worker process failed; the message names the exception it raised."""
+
+
+class _Failure(Exception):
+    """A problem the command reports in one line and exits on."""
+
+    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _check_capture(path: Path) -> None:
+    """Stop on a file that cannot be decoded at all; damage further in is found (and kept) later."""
+    if not path.exists():
+        raise _Failure(f"{path}: no such file")
+    if path.is_dir():
+        raise _Failure(f"{path}: is a directory, not a capture file")
+    segments = iter_segments(path)
+    try:
+        next(segments, None)
+    except NotACaptureError as exc:
+        raise _Failure(str(exc)) from None
+    except CaptureError:
+        pass  # damaged after its start: decode what is there
+    except OSError as exc:
+        raise _Failure(f"{path}: cannot read: {exc.strerror or exc}") from None
+    finally:
+        segments.close()
+
+
+def _prepare_output(out_dir: Path, overwrite: bool, defaulted: bool = False) -> Path:
+    """Check the target and return the temporary folder to build the dataset in."""
+    if out_dir.exists() or out_dir.is_symlink():
+        if not out_dir.is_dir():
+            raise _Failure(f"{out_dir} exists and is not a directory")
+        if not overwrite:
+            raise _Failure(f"{out_dir} exists (use --overwrite to replace it)")
+        foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in _DATASET_PARTS)
+        if foreign:
+            raise _Failure(
+                f"{out_dir} is not a kwire dataset (it holds {', '.join(foreign[:3])}"
+                f"{', ...' if len(foreign) > 3 else ''}); not replacing it"
+            )
+    parent = out_dir.absolute().parent
+    if not parent.is_dir():
+        raise _Failure(f"cannot create {out_dir}: {parent} does not exist")
+    staging = parent / f".{out_dir.name}.kwire-tmp-{os.getpid()}"
+    try:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+    except OSError as exc:
+        hint = " (use -o to write the dataset elsewhere)" if defaulted else ""
+        raise _Failure(f"cannot create {out_dir}: {exc.strerror or exc}{hint}") from None
+    return staging
+
+
+def _publish(staging: Path, out_dir: Path) -> None:
+    """Move the finished dataset into place (replacing an old one)."""
+    try:
+        if out_dir.exists():
+            old = staging.with_name(staging.name + "-old")
+            os.replace(out_dir, old)
+            os.replace(staging, out_dir)
+            if old.is_symlink():  # the target was a link to a dataset elsewhere: the link goes only
+                old.unlink()
+            else:
+                shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, out_dir)
+    except OSError as exc:
+        raise _Failure(f"cannot move the dataset into {out_dir}: {exc.strerror or exc}") from None
+
+
+def _print_summary(result: DecodeResult, out_dir: Path, console: Any) -> None:
     from rich.table import Table
 
     summary, capture = result.summary, result.capture
-    connections = ", ".join(f"{n} {kind}" for kind, n in summary.connections.most_common()) or "none"
-    console.print(f"[bold]{capture.packets:,}[/] packets ({capture.tcp_segments:,} TCP), "
-                  f"connections: {connections}")
+    connections = ", ".join(f"{n:,} {kind}" for kind, n in summary.connections.most_common()) or "none"
+    console.print(
+        f"[bold]{capture.packets:,}[/] packets ({capture.tcp_segments:,} TCP) in {capture.files} "
+        f"file{'s' if capture.files != 1 else ''}; connections: {connections}"
+    )
     statuses = ", ".join(f"{n:,} {status}" for status, n in summary.statuses.most_common()) or "none"
     console.print(f"[bold]{summary.exchanges:,}[/] exchanges: {statuses}")
     if summary.resyncs or summary.gap_bytes or summary.skipped_bytes:
-        console.print(f"capture gaps: {summary.gap_bytes:,} bytes; resyncs: {summary.resyncs}; "
-                      f"bytes skipped finding frame boundaries: {summary.skipped_bytes:,}")
+        console.print(
+            f"capture gaps: {summary.gap_bytes:,} bytes; resyncs: {summary.resyncs:,}; "
+            f"bytes skipped finding frame boundaries: {summary.skipped_bytes:,}"
+        )
     skipped_packets = capture.non_tcp + capture.fragments + capture.unknown_link_type + capture.malformed
     if skipped_packets:
-        console.print(f"packets not decoded: {capture.non_tcp:,} not TCP, {capture.fragments:,} fragments, "
-                      f"{capture.unknown_link_type:,} unknown link type, {capture.malformed:,} malformed")
+        console.print(
+            f"packets not decoded: {capture.non_tcp:,} not TCP, {capture.fragments:,} fragments, "
+            f"{capture.unknown_link_type:,} unknown link type, {capture.malformed:,} malformed"
+        )
+    if capture.snapped:
+        console.print(f"{capture.snapped:,} packets were cut by the capture's snap length")
     if summary.apis:
         table = Table(title="top APIs", show_edge=False)
         table.add_column("api")
@@ -94,59 +242,317 @@ def _print_summary(result: DecodeResult, out_dir: Path, console) -> None:
             table.add_row(name, f"{n:,}")
         console.print(table)
     if summary.errors:
-        console.print("error codes seen: " + ", ".join(f"{name} x{n:,}" for name, n in summary.errors.most_common(10)))
+        console.print(
+            "error codes seen: " + ", ".join(f"{name} x{n:,}" for name, n in summary.errors.most_common(10))
+        )
+    if not summary.exchanges:
+        tls = summary.connections.get("tls", 0)
+        hint = f" ({tls:,} TLS connections: kwire cannot read inside TLS)" if tls else ""
+        console.print(
+            f"no Kafka traffic found{hint}; if a broker listens on an unusual port, try --port PORT"
+        )
     console.print(f"dataset: {out_dir}")
 
 
 def decode(
-    files: Annotated[list[Path], typer.Argument(help="pcap / pcapng files (gzip ok); merged by time")],
-    out: Annotated[Path | None, typer.Option("-o", "--out", help="dataset directory [default: <first file>.kwire]")] = None,
-    port: Annotated[list[int] | None, typer.Option("--port", help="treat this TCP port as Kafka (repeatable)")] = None,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace an existing dataset directory")] = False,
-    frame_limit: Annotated[int, typer.Option(help="largest Kafka frame accepted, bytes")] = DEFAULT_FRAME_LIMIT,
+    files: Annotated[
+        list[Path],
+        typer.Argument(help="pcap / pcapng files (gzip, bzip2, xz ok); merged by time", show_default=False),
+    ],
+    out: Annotated[
+        Path | None, typer.Option("-o", "--out", help="dataset directory [default: <first file>.kwire]")
+    ] = None,
+    port: Annotated[
+        list[int] | None,
+        typer.Option("--port", min=1, max=65535, help="treat this TCP port as a Kafka broker's (repeatable)"),
+    ] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="replace an existing dataset directory")
+    ] = False,
+    frame_limit: Annotated[
+        int, typer.Option(min=64, help="largest Kafka frame accepted, bytes")
+    ] = DEFAULT_FRAME_LIMIT,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="no summary; errors only")] = False,
+    jobs: Annotated[
+        int | None,
+        typer.Option(
+            "-j",
+            "--jobs",
+            min=1,
+            max=64,
+            help="worker processes (connections are split among them; same rows either way) "
+            "[default: one per CPU, up to 4, for plain captures of 16 MB or more of small frames]",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    """Decode Kafka traffic in capture files into a Parquet dataset (exchanges + connections)."""
-    from rich.console import Console
+    """Decode Kafka traffic in capture files into a Parquet dataset (exchanges + connections).
 
-    console = Console(stderr=True)
-    for path in files:
-        if not path.is_file():
-            _fail(f"kwire decode: {path}: no such file")
-    out_dir = out or Path(str(files[0]) + ".kwire")
-    if out_dir.exists():
-        if not overwrite:
-            _fail(f"kwire decode: {out_dir} exists (use --overwrite to replace it)")
-        shutil.rmtree(out_dir)
-    total_bytes = sum(path.stat().st_size for path in files)
-    writer = DatasetWriter(out_dir)
-    progress_cb = None
-    bar = None
-    if console.is_terminal:
-        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+    Exit codes: 0 done; 2 a file could not be read, or a capture is damaged (the rows before the
+    damage are kept); 130 interrupted (the rows decoded so far are kept).
+    """
+    try:
+        code = _decode(files, out, port or [], overwrite, frame_limit, quiet, jobs)
+    except _Failure as failure:
+        print(f"kwire decode: {failure}", file=sys.stderr)
+        code = failure.code
+    if code:
+        raise typer.Exit(code)
 
-        bar = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                       TimeRemainingColumn(), console=console, transient=True)
-        task = bar.add_task("decoding", total=total_bytes)
-        bar.start()
 
-        def progress_cb(stats: CaptureStats) -> None:
-            bar.update(task, completed=min(stats.bytes, total_bytes))
+@dataclass
+class _Part:
+    """What one part of a decode produced (the whole decode, with one part)."""
+
+    summary: DecodeSummary
+    capture: CaptureStats
+    error: CaptureError | None
+    rows: int  # exchange rows written
+    interrupted: bool
+
+
+def _decode_part(
+    files: Sequence[Path],
+    staging: Path,
+    part: int,
+    parts: int,
+    ports: Sequence[int],
+    frame_limit: int,
+    progress: Callable[[CaptureStats], None] | None,
+) -> _Part:
+    """Decode part `part` of `parts` of the connections into a dataset writer of its own."""
+    from kwire.dataset import DEFAULT_ROW_GROUP_ROWS, DatasetWriter
+
+    # the parts' buffered rows together stay within one writer's row group
+    writer = DatasetWriter(staging, row_group_rows=max(8192, DEFAULT_ROW_GROUP_ROWS // parts))
+    result = None
+    try:
+        result = decode_captures(
+            files,
+            writer.exchanges.append,
+            writer.connections.append,
+            forced_ports=ports,
+            frame_limit=frame_limit,
+            progress=progress,
+            shard=(part, parts) if parts > 1 else None,
+        )
+    except KeyboardInterrupt:
+        pass
+    finally:
+        writer.close()
+    if result is None:
+        return _Part(DecodeSummary(), CaptureStats(), None, writer.exchanges.rows_written, True)
+    return _Part(result.summary, result.capture, result.error, writer.exchanges.rows_written, False)
+
+
+def _part_process(channel: Any, stop: Any, progress_bytes: Any, args: tuple[Any, ...]) -> None:
+    """A worker process: decode one part, send back its _Part (or what went wrong)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent says when to stop (stop is set)
+    part = args[2]
+
+    def progress(stats: CaptureStats) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        if part == 0:
+            progress_bytes.value = stats.bytes
 
     try:
-        result = decode_captures(files, writer.exchanges.append, writer.connections.append,
-                                 forced_ports=port or (), frame_limit=frame_limit, progress=progress_cb)
+        channel.send(("done", _decode_part(*args, progress)))
+    except OSError as exc:
+        channel.send(("oserror", exc.errno, exc.strerror or str(exc), exc.filename))
+    except BaseException as exc:
+        channel.send(("error", type(exc).__name__, str(exc)))
     finally:
-        if bar is not None:
-            bar.stop()
-        writer.close()
-    if isinstance(result.error, NotACaptureError) and result.capture.packets == 0:
-        shutil.rmtree(out_dir, ignore_errors=True)
-        _fail(f"kwire decode: {result.error}")
-    _print_summary(result, out_dir, console)
+        channel.close()
+
+
+def _decode_in_parts(
+    files: Sequence[Path],
+    staging: Path,
+    parts: int,
+    ports: Sequence[int],
+    frame_limit: int,
+    progress: Callable[[int], None] | None,
+) -> _Part:
+    """Decode with `parts` worker processes, each taking the connections of one part (``shard_of``)
+    and writing its own Parquet files; merge what they counted. Every worker reads the whole capture
+    (reading is a small share of the work) and decodes only its part."""
+    import multiprocessing
+    from multiprocessing.connection import wait
+
+    context = multiprocessing.get_context("fork")
+    stop = context.Event()
+    progress_bytes = context.Value("q", 0, lock=False)
+    workers, channels = [], {}
+    for part in range(parts):
+        receiver, sender = context.Pipe(duplex=False)
+        args = (files, staging, part, parts, ports, frame_limit)
+        worker = context.Process(target=_part_process, args=(sender, stop, progress_bytes, args), daemon=True)
+        worker.start()
+        sender.close()
+        workers.append(worker)
+        channels[receiver] = part
+    answers: dict[int, tuple[Any, ...]] = {}
+    interrupted = False
+    try:
+        while len(answers) < parts:
+            try:
+                for channel in wait(list(channels), timeout=0.2):
+                    try:
+                        answers[channels.pop(channel)] = channel.recv()  # type: ignore[index]
+                    except EOFError:  # the worker died without a word (killed)
+                        answers[channels.pop(channel)] = ("error", "WorkerDied", "a decode worker died")  # type: ignore[index]
+                if progress is not None:
+                    progress(progress_bytes.value)
+            except KeyboardInterrupt:
+                interrupted = True
+                stop.set()  # the workers finish their files and answer
+    finally:
+        for worker in workers:
+            worker.join(timeout=60)
+            if worker.is_alive():
+                worker.kill()
+    for kind, *details in answers.values():
+        if kind == "oserror":
+            errno, strerror, filename = details
+            raise OSError(errno, strerror, filename)
+        if kind == "error":
+            raise _WorkerError(f"{details[0]}: {details[1]}")
+    results = [answers[part][1] for part in range(parts)]
+    merged = _Part(DecodeSummary(), results[0].capture, results[0].error, 0, interrupted)
+    for result in results:
+        merged.summary.add(result.summary)
+        merged.rows += result.rows
+        merged.interrupted |= result.interrupted
+    return merged
+
+
+def default_jobs(files: Sequence[Path]) -> int:
+    """Worker processes for a decode: one per CPU (at most 4) when the work is in many small frames;
+    one for small inputs, compressed ones (each worker would decompress everything again) and bulk
+    traffic (big segments: reading the capture, which every worker does in full, is most of the
+    work there). Bulk is told by the mean TCP payload of the first 4,000 segments (> 4 KiB)."""
+    if sum(path.stat().st_size for path in files) < 16 << 20:
+        return 1
+    for path in files:
+        with open(path, "rb") as f:
+            if f.read(6).startswith((b"\x1f\x8b", b"BZh", b"\xfd7zXZ", b"\x28\xb5\x2f\xfd")):
+                return 1
+    segments = payload = 0
+    try:
+        for segment in iter_segments(files[0]):
+            if segment.payload:
+                segments += 1
+                payload += len(segment.payload)
+                if segments == 4000:
+                    break
+    except CaptureError:
+        pass
+    if not segments or payload / segments > 4096:
+        return 1
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, 4))
+
+
+def _decode(
+    files: list[Path],
+    out: Path | None,
+    ports: list[int],
+    overwrite: bool,
+    frame_limit: int,
+    quiet: bool,
+    jobs: int | None,
+) -> int:
+    from rich.console import Console
+
+    seen: set[Path] = set()
+    for path in files:
+        resolved = path.resolve()
+        if resolved in seen:
+            raise _Failure(f"{path}: given twice")
+        seen.add(resolved)
+        _check_capture(path)
+    out_dir = out if out is not None else Path(str(files[0]) + ".kwire")
+    if out_dir.resolve() in seen:
+        raise _Failure(f"{out_dir}: the output would replace an input file")
+    parts = jobs if jobs is not None else default_jobs(files)
+    staging = _prepare_output(out_dir, overwrite, defaulted=out is None)
+
+    stderr = Console(stderr=True)
+    bar = None
+    update: Callable[[int], None] | None = None
+    if stderr.is_terminal and not quiet:
+        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
+        total = sum(path.stat().st_size for path in files)
+        bar = Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            DownloadColumn(),
+            TimeRemainingColumn(),
+            console=stderr,
+            transient=True,
+        )
+        task = bar.add_task("decoding", total=total)
+
+        def update(done: int) -> None:
+            if not bar.live.is_started:  # started on first use: after any worker is forked (a thread)
+                bar.start()
+            bar.update(task, completed=min(done, total))
+
+    try:
+        try:
+            if parts == 1:
+                progress = None if update is None else (lambda stats: update(stats.bytes))  # type: ignore[misc]
+                result = _decode_part(files, staging, 0, 1, ports, frame_limit, progress)
+            else:
+                result = _decode_in_parts(files, staging, parts, ports, frame_limit, update)
+        finally:
+            if bar is not None:
+                bar.stop()
+        for table in _DATASET_PARTS:  # a table with no rows is an empty folder, not a missing one
+            (staging / table).mkdir(exist_ok=True)
+        _publish(staging, out_dir)
+    except OSError as exc:  # writing the dataset failed (disk full, permissions, ...)
+        shutil.rmtree(staging, ignore_errors=True)
+        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+        raise _Failure(f"writing {out_dir} failed: {exc.strerror or exc}{where}") from None
+    except Exception as exc:  # a bug: one line for the user, the traceback on request
+        shutil.rmtree(staging, ignore_errors=True)
+        if os.environ.get("KWIRE_DEBUG"):
+            raise
+        what = str(exc) if isinstance(exc, _WorkerError) else f"{type(exc).__name__}: {exc}"
+        raise _Failure(f"internal error: {what} (set KWIRE_DEBUG=1 for the traceback)") from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if result.interrupted:
+        print(
+            f"kwire decode: interrupted; kept the {result.rows:,} exchanges written so far in {out_dir}",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    if not quiet:
+
+        class SummaryConsole(Console):
+            def on_broken_pipe(self) -> None:  # `kwire decode ... | head`: the reader left, carry on
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                self.quiet = True
+
+        _print_summary(
+            DecodeResult(result.summary, result.capture, result.error),
+            out_dir,
+            SummaryConsole(soft_wrap=True),
+        )
     if result.error is not None:
-        _fail(f"kwire decode: {result.error} (kept the {result.summary.exchanges:,} exchanges decoded before it)")
-
-
-def _fail(message: str) -> None:
-    print(message, file=sys.stderr)
-    raise typer.Exit(2)
+        print(
+            f"kwire decode: {result.error} (kept the {result.summary.exchanges:,} exchanges decoded before it)",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    return EXIT_OK

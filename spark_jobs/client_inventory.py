@@ -61,7 +61,14 @@ def client_inventory(exchanges: DataFrame) -> DataFrame:
     groups = out.groupBy("fingerprint_id").agg(
         F.count(F.lit(1)).alias("same_fingerprint_clients"),
         F.array_join(
-            F.array_sort(F.collect_set(F.concat_ws(" ", "client_software_name", "client_software_version"))),
+            F.array_sort(
+                F.collect_set(
+                    F.when(
+                        F.col("client_software_name").isNotNull(),
+                        F.concat_ws(" ", "client_software_name", "client_software_version"),
+                    )
+                )
+            ),
             "; ",
         ).alias("fingerprint_software"),
     )

@@ -32,6 +32,7 @@ __all__ = [
     "load_tables",
     "micros_between",
     "next_time_after",
+    "ordered",
     "partition_results",
     "with_window_end",
 ]

@@ -38,21 +38,34 @@ def per_connection(exchanges: DataFrame, connections: DataFrame) -> DataFrame:
         event_time().alias("ts"),
     )
     unanswered = F.col("status") == "unanswered"
-    from_ex = ex.groupBy(*_CONN).agg(
-        F.first("client_key", ignorenulls=True).alias("ex_client_key"),
-        F.first("client_id", ignorenulls=True).alias("ex_client_id"),
-        F.first("client_ip", ignorenulls=True).alias("ex_client_ip"),
-        F.first("broker_ip", ignorenulls=True).alias("ex_broker_ip"),
-        F.first("broker_port", ignorenulls=True).alias("ex_broker_port"),
+    # Numbers per connection with a hash aggregate; the (constant per connection) strings come
+    # from a distinct over few rows: a string aggregate over all rows would force a sort.
+    counts = ex.groupBy(*_CONN).agg(
         F.sum(F.when(F.col("status") != "orphan_response", 1).otherwise(0)).alias("requests"),
         F.sum(F.when(unanswered, 1).otherwise(0)).alias("unanswered"),
         F.min(F.when(unanswered, F.col("request_time"))).alias("first_unanswered_time"),
-        F.max_by(F.when(unanswered, F.col("api_name")), F.when(unanswered, F.col("request_time"))).alias(
-            "last_unanswered_api"
-        ),
         F.min("ts").alias("ex_first"),
         F.max("ts").alias("ex_last"),
     )
+    who = (
+        ex.where(F.col("status") != "orphan_response")
+        .select(*_CONN, "client_key", "client_id", "client_ip", "broker_ip", "broker_port")
+        .distinct()
+        .groupBy(*_CONN)
+        .agg(
+            F.first("client_key", ignorenulls=True).alias("ex_client_key"),
+            F.first("client_id", ignorenulls=True).alias("ex_client_id"),
+            F.first("client_ip", ignorenulls=True).alias("ex_client_ip"),
+            F.first("broker_ip", ignorenulls=True).alias("ex_broker_ip"),
+            F.first("broker_port", ignorenulls=True).alias("ex_broker_port"),
+        )
+    )
+    waiting = (
+        ex.where(unanswered)
+        .groupBy(*_CONN)
+        .agg(F.max_by("api_name", "request_time").alias("last_unanswered_api"))
+    )
+    from_ex = counts.join(who, _CONN, "left").join(waiting, _CONN, "left")
     co = connections.select(
         *_CONN,
         client_key().alias("co_client_key"),
@@ -108,7 +121,7 @@ def client_connection_health(conns: DataFrame, exchanges: DataFrame, *, short_s:
     }
     per_client = (
         conns.where(F.col("client_key").isNotNull())
-        .groupBy("client_key")
+        .groupBy("client_key", "client_id", "client_ip")
         .agg(
             F.count(F.lit(1)).alias("connections"),
             F.countDistinct("broker_ip", "broker_port").alias("brokers"),
@@ -129,6 +142,8 @@ def client_connection_health(conns: DataFrame, exchanges: DataFrame, *, short_s:
     active_min = F.greatest(micros_between("first_seen", "last_seen") / 6e7, F.lit(1.0))
     out = per_client.select(
         "client_key",
+        "client_id",
+        "client_ip",
         "connections",
         "brokers",
         (F.col("connections") - F.col("brokers")).alias("reconnects"),
@@ -169,9 +184,9 @@ def latency(exchanges: DataFrame) -> DataFrame:
     ]
     api = ok.groupBy("api_key", "api_name").agg(*stats)
     api_broker = ok.groupBy("api_key", "api_name", "broker_ip", "broker_port").agg(*stats)
-    api_client = ok.groupBy("api_key", "api_name", "broker_ip", "broker_port", "client_key").agg(
-        F.first("client_id").alias("client_id"), F.first("client_ip").alias("client_ip"), *stats
-    )
+    api_client = ok.groupBy(
+        "api_key", "api_name", "broker_ip", "broker_port", "client_key", "client_id", "client_ip"
+    ).agg(*stats)
     cols = [
         "scope",
         "api_key",
@@ -206,7 +221,7 @@ def latency(exchanges: DataFrame) -> DataFrame:
 
 
 def run(tables, *, short_s=10.0, **_):
-    conns = per_connection(tables.exchanges, tables.connections)
+    conns = per_connection(tables.exchanges, tables.connections).cache()  # two results use it
     return {
         "connection_health": ordered(
             client_connection_health(conns, tables.exchanges, short_s=short_s),

@@ -228,7 +228,7 @@ def run(tables, *, watched=DEFAULT_WATCHED, refresh_within_s=10.0, max_requests_
         watched=tuple(watched),
         refresh_within_s=refresh_within_s,
         max_requests_before_refresh=max_requests_before_refresh,
-    )
+    ).cache()  # both results derive from it
     return {
         "error_reaction": ordered(reactions.drop("client_key"), "error_time"),
         "error_reaction_headline": error_reaction_headline(reactions),

@@ -32,29 +32,29 @@ def latest_partitions(exchanges: DataFrame) -> DataFrame:
         & F.col("response_time").isNotNull()
         & (F.size("metadata_partitions") > 0)
     ).select("response_time", F.explode("metadata_partitions").alias("p"))
-    latest = parts.groupBy(
+    parts = parts.select(
         F.coalesce(F.col("p.topic"), F.col("p.topic_id")).alias("topic"),
         F.col("p.partition").alias("partition"),
-    ).agg(F.max_by("p", "response_time").alias("p"), F.max("response_time").alias("as_of"))
-    return latest.select(
-        "topic",
-        "partition",
         F.col("p.leader").alias("leader"),
         F.col("p.leader_epoch").alias("leader_epoch"),
-        F.coalesce(F.col("p.replicas"), F.array()).alias("replicas"),
+        F.coalesce(F.col("p.replicas"), F.array().cast("array<int>")).alias("replicas"),
         F.col("p.isr").alias("isr"),
-        "as_of",
+        F.col("response_time").alias("as_of"),
     )
+    # The latest time per partition with a hash aggregate, then the rows at that time (a max_by
+    # of the struct would sort every row).
+    latest = parts.groupBy("topic", "partition").agg(F.max("as_of").alias("as_of"))
+    return parts.join(latest, ["topic", "partition", "as_of"]).dropDuplicates(["topic", "partition"])
 
 
 def cluster_brokers(exchanges: DataFrame) -> DataFrame:
     """(node_id, host, port, rack) of the most recent Metadata response listing brokers."""
-    latest = (
-        exchanges.where((F.col("api_key") == METADATA) & (F.size("metadata_brokers") > 0))
-        .agg(F.max_by("metadata_brokers", "response_time").alias("b"))
-        .select(F.explode("b").alias("b"))
+    listed = exchanges.where((F.col("api_key") == METADATA) & (F.size("metadata_brokers") > 0))
+    last = listed.agg(F.max("response_time").alias("response_time"))
+    latest = listed.join(F.broadcast(last), "response_time").limit(1)
+    return latest.select(F.explode("metadata_brokers").alias("b")).select(
+        "b.node_id", "b.host", "b.port", "b.rack"
     )
-    return latest.select("b.node_id", "b.host", "b.port", "b.rack")
 
 
 def broker_placement(parts: DataFrame, brokers: DataFrame) -> DataFrame:
@@ -137,8 +137,8 @@ def topic_skew(parts: DataFrame, brokers: DataFrame) -> DataFrame:
 
 
 def run(tables, **_):
-    parts = latest_partitions(tables.exchanges)
-    brokers = cluster_brokers(tables.exchanges)
+    parts = latest_partitions(tables.exchanges).cache()  # one row per partition, used twice
+    brokers = cluster_brokers(tables.exchanges).cache()
     return {
         "leader_skew": ordered(
             topic_skew(parts, brokers),

@@ -38,6 +38,9 @@ def build_session(
     a cluster keeps its own setting). ``driver_memory`` only applies to a local master,
     whose JVM this call starts (default 4g, or ``$KWIRE_SPARK_DRIVER_MEMORY``).
     """
+    active = SparkSession.getActiveSession()
+    if active is not None:  # already running (a test fixture, a notebook): use it as it is
+        return active
     under_submit = "PYSPARK_GATEWAY_PORT" in os.environ and master is None
     builder = SparkSession.builder.appName(app_name)
     if not under_submit:

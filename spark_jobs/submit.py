@@ -51,7 +51,7 @@ def analyse(
     versions: BrokerVersions | None = None,
     target_releases: list[str] = (),
     options: dict | None = None,
-    cache: bool = True,
+    cache: bool = False,
     log=None,
 ) -> tuple[Tables, dict[str, DataFrame], dict[str, float]]:
     tables = load_tables(spark, dataset)

@@ -61,13 +61,10 @@ def error_timeline(exchanges: DataFrame, *, bucket_s: int = 60) -> DataFrame:
     )
     return (
         top.unionByName(per_part)
-        .groupBy("bucket", "client_key", "error_code")
-        .agg(
-            F.first("client_id").alias("client_id"),
-            F.first("client_ip").alias("client_ip"),
-            F.first("name").alias("error_name"),
-            F.count(F.lit(1)).alias("errors"),
+        .groupBy(
+            "bucket", "client_key", "client_id", "client_ip", "error_code", F.col("name").alias("error_name")
         )
+        .agg(F.count(F.lit(1)).alias("errors"))
         .select("bucket", "client_id", "client_ip", "error_code", "error_name", "errors")
     )
 

@@ -24,7 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
-from spark_jobs.common import attach_software, client_key, event_time, ordered, with_window_end
+from spark_jobs.common import attach_software, client_key, event_time, ordered
 from spark_jobs.kafka_versions import API_VERSIONS_KEY, BrokerVersions
 
 __all__ = ["audit_release", "release_table", "run", "unsupported_versions"]
@@ -89,18 +89,19 @@ def _requests(exchanges: DataFrame) -> DataFrame:
     version checks run on these few thousand groups, not on every row."""
     return (
         _request_rows(exchanges)
+        # string attributes ride along as keys: a string aggregate (first) would force a sort
         .groupBy(
             "client_key",
+            "client_id",
+            "client_ip",
             "broker_ip",
             "broker_port",
             "api_key",
+            "api_name",
             "api_version",
-            (F.col("error_code") == UNSUPPORTED_VERSION).alias("is_35"),
+            F.coalesce(F.col("error_code") == UNSUPPORTED_VERSION, F.lit(False)).alias("is_35"),
         )
         .agg(
-            F.first("client_id", ignorenulls=True).alias("client_id"),
-            F.first("client_ip", ignorenulls=True).alias("client_ip"),
-            F.first("api_name", ignorenulls=True).alias("api_name"),
             F.count(F.lit(1)).alias("n"),
             F.min("ts").alias("ts"),
             F.max("ts").alias("last_ts"),
@@ -184,15 +185,26 @@ def _error_35(req: DataFrame) -> DataFrame:
 
 def _old_broker_signature(exchanges: DataFrame, connections: DataFrame | None, silence_s: float) -> DataFrame:
     conn = ["source", "connection_id"]
-    answered = exchanges.where(F.col("response_time").isNotNull())
-    last_response = answered.groupBy(*conn).agg(F.max("response_time").alias("last_response"))
-    ok = exchanges.where(F.col("status") == "ok")
-    known_versions = ok.select(
-        "broker_ip",
-        "broker_port",
-        F.col("api_key").cast("int").alias("api_key"),
-        F.col("api_version").cast("int").alias("api_version"),
-    ).distinct()
+    # One pass: per connection and api version, the last response and whether any was ok.
+    seen = (
+        exchanges.where(F.col("api_key").isNotNull())
+        .groupBy(
+            *conn,
+            "broker_ip",
+            "broker_port",
+            F.col("api_key").cast("int").alias("api_key"),
+            F.col("api_version").cast("int").alias("api_version"),
+        )
+        .agg(
+            F.max("response_time").alias("last_response"),
+            F.max(F.col("status") == "ok").alias("any_ok"),
+            F.max(event_time()).alias("last_time"),
+        )
+        .cache()
+    )
+    last_response = seen.groupBy(*conn).agg(F.max("last_response").alias("last_response"))
+    ok = seen.where(F.col("any_ok"))
+    known_versions = ok.select("broker_ip", "broker_port", "api_key", "api_version").distinct()
     live_brokers = ok.select("broker_ip", "broker_port").distinct()
     cand = (
         _request_rows(exchanges.where(F.col("status") == "unanswered"))
@@ -208,7 +220,8 @@ def _old_broker_signature(exchanges: DataFrame, connections: DataFrame | None, s
         cand = cand.withColumn("end_reason", F.lit(None).cast("string")).withColumn(
             "last_packet_time", F.lit(None).cast("timestamp")
         )
-    cand = with_window_end(cand, exchanges)
+    end = seen.agg(F.greatest(F.max("last_response"), F.max("last_time")).alias("window_end"))
+    cand = cand.crossJoin(F.broadcast(end))
     closed = F.col("end_reason").isin("fin", "rst")
     silent_long = (F.unix_micros("window_end") - F.unix_micros("request_time")) >= int(silence_s * 1e6)
     return (
@@ -239,7 +252,7 @@ def unsupported_versions(
     parts = [
         _versus_advertised(req, exchanges),
         _error_35(req),
-        _old_broker_signature(req, exchanges, connections, silence_s),
+        _old_broker_signature(exchanges, connections, silence_s),
     ]
     if releases is not None:
         parts.append(_versus_releases(req, releases))

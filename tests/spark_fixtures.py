@@ -47,7 +47,13 @@ def spark():
         "kwire-tests",
         shuffle_partitions=2,
         driver_memory="1g",
-        extra_conf={"spark.sql.adaptive.coalescePartitions.enabled": "true", "spark.ui.enabled": "false"},
+        # tiny data: compiling generated code and adaptive re-planning cost more than they save
+        extra_conf={
+            "spark.ui.enabled": "false",
+            "spark.sql.adaptive.enabled": "false",
+            "spark.sql.codegen.wholeStage": "false",
+            "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+        },
     )
     yield session
     session.stop()

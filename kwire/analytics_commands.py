@@ -1,0 +1,300 @@
+"""``kwire analyze``, ``kwire audit`` and ``kwire sql``: the Spark side of the command line.
+
+Registered on the ``kwire`` typer app in :mod:`kwire.cli`. Bad input (no dataset, unknown job
+or Kafka release) exits 2 with a one-line error; ``audit`` exits 1 when it finds requests the
+target release would not accept (a CI gate), 0 when none.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["analyze", "audit", "sql"]
+
+_err = Console(stderr=True)
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    _err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def _check_dataset(dataset: Path) -> None:
+    if not dataset.is_dir():
+        raise _fail(f"no dataset at {dataset}")
+    if not (dataset / "exchanges").is_dir() and not (dataset / "connections").is_dir():
+        raise _fail(f"{dataset} is not a kwire dataset (no exchanges/ or connections/ inside)")
+
+
+def _versions(path: Path | None):
+    from spark_jobs.kafka_versions import load_broker_versions
+
+    try:
+        return load_broker_versions(path)
+    except (OSError, ValueError, KeyError) as exc:
+        raise _fail(f"cannot read Kafka versions table {path}: {exc}") from None
+
+
+def _resolve(versions, wanted: list[str]) -> list[str]:
+    out = []
+    for v in wanted:
+        rel = versions.resolve(v)
+        if rel is None:
+            raise _fail(f"unknown Kafka release {v!r}; known: {', '.join(versions.releases)}")
+        out.append(rel)
+    return out
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, list):
+        return ", ".join(_fmt(x) for x in v)
+    if hasattr(v, "strftime"):
+        return v.strftime("%Y-%m-%d %H:%M:%S")
+    return str(v)
+
+
+def _rich_table(title: str, rows: list[dict[str, Any]], columns: list[str], limit: int) -> Table:
+    table = Table(title=f"{title} ({len(rows)} rows)", title_justify="left", show_lines=False)
+    for c in columns:
+        table.add_column(c, overflow="fold")
+    for r in rows[:limit]:
+        table.add_row(*[_fmt(r.get(c)) for c in columns])
+    return table
+
+
+def analyze(
+    dataset: Annotated[Path, typer.Argument(help="dataset directory (exchanges/, connections/)")],
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="report directory [default: DATASET/report]")
+    ] = None,
+    master: Annotated[str | None, typer.Option(help="Spark master URL [default: local[*]]")] = None,
+    jobs: Annotated[str | None, typer.Option(help="comma-separated jobs to run [default: all]")] = None,
+    broker_version: Annotated[
+        list[str] | None,
+        typer.Option("--broker-version", help="also check requests against this Kafka release (repeatable)"),
+    ] = None,
+    kafka_versions: Annotated[
+        Path | None, typer.Option(help="broker_api_versions.json [default: shared copy, else bundled table]")
+    ] = None,
+    top: Annotated[int, typer.Option(help="rows per headline table")] = 10,
+) -> None:
+    """Run the Spark jobs over a dataset: Parquet results, headline tables and report.html."""
+    from spark_jobs import report
+    from spark_jobs.jobs import parse_job_list
+
+    _check_dataset(dataset)
+    try:
+        names = parse_job_list(jobs)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    versions = _versions(kafka_versions)
+    releases = _resolve(versions, broker_version or [])
+    out = output or dataset / "report"
+    out.mkdir(parents=True, exist_ok=True)
+
+    from spark_jobs.session import build_session
+    from spark_jobs.submit import analyse
+
+    console = Console()
+    start = time.perf_counter()
+    spark = build_session(master, "kwire-analyze")
+    with console.status("running Spark jobs..."):
+        analyse(spark, dataset, out, jobs=names, versions=versions, target_releases=releases)
+    results = report.load_results(out)
+    found = report.findings(results)
+    html_path = report.write_html(out / "report.html", results, found, dataset=str(dataset))
+    colors = {"critical": "red", "warning": "yellow", "info": "cyan"}
+    console.rule("findings")
+    for f in found:
+        console.print(
+            f"[{colors[f.severity]}]{f.severity:8s}[/] [bold]{f.title}[/bold]\n         {f.detail}",
+            highlight=False,
+        )
+    if not found:
+        console.print("no findings")
+    for name, rows in results.items():
+        cols = [c for c in report.HEADLINE_COLUMNS.get(name, []) if rows and c in rows[0]]
+        if rows and cols and not name.endswith("_timeline"):
+            console.print(_rich_table(name, rows, cols, top))
+    console.print(
+        f"results: {out}/<result>/ (Parquet); report: {html_path}; {time.perf_counter() - start:.1f}s"
+    )
+
+
+def audit(
+    dataset: Annotated[Path, typer.Argument(help="dataset directory")],
+    broker_version: Annotated[
+        str, typer.Option("--broker-version", help="Kafka release to check against, e.g. 4.0, 3.9-kraft, 0.9")
+    ],
+    json_output: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
+    strict: Annotated[
+        bool, typer.Option(help="also fail on ApiVersions fallbacks (harmless version negotiation)")
+    ] = False,
+    kafka_versions: Annotated[
+        Path | None, typer.Option(help="broker_api_versions.json [default: shared copy, else bundled table]")
+    ] = None,
+    master: Annotated[str | None, typer.Option(help="Spark master URL [default: local[*]]")] = None,
+) -> None:
+    """List every (client, api, version) the given Kafka release would not accept.
+
+    Exit 0 when there is none, 1 when there are some (a CI gate), 2 on bad input.
+    """
+    _check_dataset(dataset)
+    versions = _versions(kafka_versions)
+    (release,) = _resolve(versions, [broker_version])
+
+    from spark_jobs.common import load_tables
+    from spark_jobs.session import build_session
+    from spark_jobs.unsupported_versions import audit_release, release_table
+
+    spark = build_session(master, "kwire-audit")
+    tables = load_tables(spark, dataset)
+    rows = [
+        r.asDict()
+        for r in audit_release(tables.exchanges, release_table(spark, versions, [release])).collect()
+    ]
+    for r in rows:
+        r.pop("client_key", None)
+    blocking = [r for r in rows if strict or r["severity"] == "error"]
+    if json_output:
+        doc = {
+            "broker_version": release,
+            "violations": [r for r in rows if r in blocking],
+            "notes": [r for r in rows if r not in blocking],
+        }
+        print(json.dumps(doc, default=_fmt, indent=2))
+    else:
+        console = Console()
+        cols = [
+            "client_id",
+            "client_ip",
+            "client_software_name",
+            "client_software_version",
+            "api_name",
+            "api_version",
+            "release_min_version",
+            "release_max_version",
+            "count",
+            "reason",
+            "severity",
+        ]
+        if rows:
+            console.print(_rich_table(f"requests Kafka {release} would not accept", rows, cols, len(rows)))
+        console.print(
+            f"Kafka {release}: {len(blocking)} (client, api, version) combinations rejected"
+            + (
+                f", {len(rows) - len(blocking)} harmless ApiVersions fallbacks"
+                if len(rows) > len(blocking)
+                else ""
+            ),
+            highlight=False,
+        )
+    raise typer.Exit(1 if blocking else 0)
+
+
+def _register_views(spark, dataset: Path, console: Console | None = None) -> list[str]:
+    from pyspark.sql import functions as F
+
+    from spark_jobs.common import load_tables
+
+    tables = load_tables(spark, dataset)
+    tables.exchanges.createOrReplaceTempView("exchanges")
+    tables.connections.createOrReplaceTempView("connections")
+    pe = (
+        tables.exchanges.select(
+            "source",
+            "connection_id",
+            "client_id",
+            "client_ip",
+            "client_software_name",
+            "broker_ip",
+            "broker_port",
+            "request_time",
+            "response_time",
+            "api_key",
+            "api_name",
+            "api_version",
+            "correlation_id",
+            "group_id",
+            F.explode("partition_errors").alias("pe"),
+            "date",
+        )
+        .select("*", "pe.topic", "pe.topic_id", "pe.partition", "pe.resource", "pe.error_code")
+        .drop("pe")
+    )
+    pe.createOrReplaceTempView("partition_errors")
+    views = ["exchanges", "connections", "partition_errors"]
+    report_dir = dataset / "report"
+    if report_dir.is_dir():
+        for sub in sorted(report_dir.iterdir()):
+            if sub.is_dir() and any(sub.glob("*.parquet")) and sub.name.isidentifier():
+                spark.read.parquet(str(sub)).createOrReplaceTempView(sub.name)
+                views.append(sub.name)
+    return views
+
+
+def sql(
+    dataset: Annotated[Path, typer.Argument(help="dataset directory")],
+    query: Annotated[
+        str | None, typer.Argument(help="a Spark SQL query; without it, read queries from stdin")
+    ] = None,
+    master: Annotated[str | None, typer.Option(help="Spark master URL [default: local[*]]")] = None,
+    limit: Annotated[int, typer.Option(help="rows to print per query")] = 100,
+) -> None:
+    """Spark SQL over the dataset and its analysis results.
+
+    Views: exchanges, connections, partition_errors (one row per partition result), and one per
+    result found under DATASET/report/. Without a query: one query per line until EOF or quit.
+    """
+    _check_dataset(dataset)
+    from pyspark.errors import PySparkException
+
+    from spark_jobs.session import build_session
+
+    spark = build_session(master, "kwire-sql")
+    views = _register_views(spark, dataset)
+    console = Console()
+
+    def run(text: str) -> bool:
+        try:
+            df = spark.sql(text)
+            rows = [r.asDict(recursive=True) for r in df.limit(limit + 1).collect()]
+        except PySparkException as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            _err.print(f"[red]error:[/red] {first}", highlight=False, soft_wrap=True)
+            return False
+        more = f" (first {limit})" if len(rows) > limit else ""
+        console.print(_rich_table(f"{text[:60]}{more}", rows, df.columns, limit))
+        return True
+
+    if query is not None:
+        raise typer.Exit(0 if run(query) else 1)
+    interactive = sys.stdin.isatty()
+    if interactive:
+        console.print(f"views: {', '.join(views)}; one query per line, 'quit' or Ctrl-D to leave")
+    failed = False
+    while True:
+        if interactive:
+            console.print("kwire-sql> ", end="")
+        line = sys.stdin.readline()
+        if not line:
+            break
+        text = line.strip().rstrip(";").strip()
+        if not text or text.startswith("--"):
+            continue
+        if text.lower() in ("quit", "exit", r"\q"):
+            break
+        failed |= not run(text)
+    raise typer.Exit(1 if failed else 0)

@@ -1,0 +1,102 @@
+"""The HTML report and its findings, from hand-made result rows (no Spark needed)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from spark_jobs.report import bar_chart, findings, line_chart, render_html
+
+T0 = datetime(2024, 5, 1, tzinfo=UTC)
+
+
+def _results():
+    return {
+        "error_reaction_headline": [
+            {
+                "client_id": "go-app",
+                "client_ip": "10.0.0.2",
+                "client_software_name": "sarama",
+                "client_software_version": "1.42.1",
+                "errors_56": 40,
+                "reaction_56": "retries_without_refresh",
+                "errors_6": 3,
+                "reaction_6": "refreshes_metadata",
+                "reactions_differ": True,
+            },
+        ],
+        "producer_acks": [
+            {
+                "client_id": "p",
+                "client_ip": "10.0.0.3",
+                "client_software_name": None,
+                "client_software_version": None,
+                "acks_label": "1",
+                "requests": 10,
+                "records": 100,
+                "data_loss_risk": True,
+            },
+            {
+                "client_id": "q",
+                "client_ip": "10.0.0.4",
+                "client_software_name": None,
+                "client_software_version": None,
+                "acks_label": "all",
+                "requests": 10,
+                "records": 100,
+                "data_loss_risk": False,
+            },
+        ],
+        "leader_skew_brokers": [
+            {
+                "node_id": 1,
+                "host": "b1",
+                "port": 9092,
+                "in_cluster": True,
+                "replicas": 30,
+                "leaders": 30,
+                "topics_led": 30,
+                "leader_share_pct": 100.0,
+                "fair_share_pct": 33.3,
+            },
+        ],
+        "latency_timeline": [
+            {
+                "bucket": T0 + timedelta(minutes=i),
+                "api_name": "Produce",
+                "requests": 5,
+                "p50_ms": 2.0,
+                "p99_ms": 5.0 + i,
+                "max_ms": 9.0,
+            }
+            for i in range(5)
+        ],
+    }
+
+
+def test_findings_order_and_content():
+    found = findings(_results())
+    assert found[0].severity == "critical" and "go-app" in found[0].title and "sarama" in found[0].title
+    titles = " | ".join(f.title for f in found)
+    assert "1 producer write with acks 0 or 1" in titles
+    assert "broker 1 leads 100% of partitions" in titles
+    assert [f.severity for f in found] == sorted(
+        (f.severity for f in found), key=["critical", "warning", "info"].index
+    )
+
+
+def test_page_is_self_contained_with_charts_after_findings():
+    page = render_html(_results(), findings(_results()), dataset="ds")
+    assert page.startswith("<!DOCTYPE html>") and "<style>" in page
+    assert "<script" not in page and "<link" not in page and "src=" not in page
+    assert page.index("Findings") < page.index("<svg") < page.index("Producer acks")
+    assert "polyline" in page  # the latency line
+
+
+def test_charts_scale_points_into_the_plot_area():
+    svg = line_chart({"a": [(T0, 0.0), (T0 + timedelta(minutes=10), 10.0)]}, "t", "ms", width=400, height=200)
+    points = svg.split("points='")[1].split("'")[0].split()
+    (x0, y0), (x1, y1) = (tuple(map(float, p.split(","))) for p in points)
+    assert x0 == 60 and x1 == 400 - 230  # left and right edges of the plot (legend on the right)
+    assert y0 > y1  # larger values are higher up
+    assert "no data" in line_chart({}, "empty", "ms")
+    assert bar_chart([("x", 2.0, 4.0)], "b", "s").count("<rect") == 1
