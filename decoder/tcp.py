@@ -284,12 +284,21 @@ class TcpReassembler:
             self._new_flow(seg, out)
             return out
         conn, d, h, o = ent
-        conn.last_ts = ts
+        if ts > conn.last_ts:  # files merged out of time order must not move it back
+            conn.last_ts = ts
         h.packets += 1
         flags = seg.flags
         if flags & (SYN | FIN | RST):
             self._segment(conn, d, h, o, seg, out)
             return out
+        if flags & ACK:
+            # The peer's ACK first: it may reveal a hole in the other direction (bytes the capture
+            # lost) that must become a gap before this segment's payload (often the answer) is seen.
+            a = seg.ack
+            if o.acked < 0 or (a - o.acked) & _M < _HALF:  # keep the newest
+                o.acked = a
+            if o.pending or o.fin_off >= 0:
+                self._acked(conn, d ^ 1, o, ts, out)
         payload = seg.payload
         if payload:
             if seg.seq == h.next_seq and h.fin_off < 0 and not h.pending:  # in order: the fast path
@@ -300,12 +309,6 @@ class TcpReassembler:
                 out.append(ev)
             else:
                 self._data(conn, d, h, seg.seq, payload, ts, out)
-        if flags & ACK:
-            a = seg.ack
-            if o.acked < 0 or (a - o.acked) & _M < _HALF:  # keep the newest
-                o.acked = a
-            if o.pending or o.fin_off >= 0:
-                self._acked(conn, d ^ 1, o, ts, out)
         return out
 
     def flush_idle(self, now_ns: int) -> list[Event]:

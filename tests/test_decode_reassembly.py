@@ -273,8 +273,8 @@ def test_repacketised_capture_gives_identical_rows(
     assert [p.buf for p in changed] != [p.buf for p in packets]  # the rewrite did something
     got_exchanges, got_connections, result = decode(write(tmp_path / name, header, changed))
     assert rows_multiset(got_exchanges) == rows_multiset(exchanges), row_diff(exchanges, got_exchanges)
-    # connection rows: the same, byte and frame counts included (gaps: none); last_packet_time is the
-    # time of the last packet *processed* (decoder/tcp.py), see test_last_packet_time_is_the_latest
+    # connection rows: the same, byte and frame counts included (gaps: none); last_packet_time is
+    # checked on its own in test_last_packet_time_is_the_latest
     left, right = _without(connections, "last_packet_time"), _without(got_connections, "last_packet_time")
     assert rows_multiset(right) == rows_multiset(left), row_diff(left, right)
     assert result.summary.gap_bytes == 0 and result.summary.resyncs == _resyncs(connections)
@@ -297,11 +297,6 @@ def test_reordered_capture_in_time_order(name: str, originals: dict, tmp_path: P
     assert rows_multiset(right) == rows_multiset(left), row_diff(left, right)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="decoder/tcp.py TcpReassembler.feed sets conn.last_ts = ts of the "
-    "packet just fed, even when it is older than one fed before (files not in time order)",
-)
 def test_last_packet_time_is_the_latest(originals: dict, tmp_path: Path) -> None:
     """Two data packets of one connection, the second in the file stamped 1 s before the first:
     last_packet_time must be the later time, not the time of the packet that came last in the file."""
@@ -435,11 +430,6 @@ def _data_indexes(packets: list[Packet], to_broker: bool) -> list[int]:
     ]
 
 
-_ACK_ORDER = pytest.mark.xfail(
-    strict=True,
-    reason="decoder/tcp.py acts on a segment's ACK after its payload: "
-    "see test_ack_revealing_a_lost_request_comes_before_the_response",
-)
 _BODY_HUNT = pytest.mark.xfail(
     strict=True,
     reason="decoder/connection.py's hunt stops inside a request body: "
@@ -450,9 +440,7 @@ _LOSS_CASES = [
         name,
         to_broker,
         id=f"{'request' if to_broker else 'response'}-lost-{name}",
-        marks=[
-            *([_ACK_ORDER] if to_broker and name != "tansu-confluent.pcap" else []),
-        ],
+        marks=[],
     )
     for name in NAMES
     for to_broker in (True, False)
@@ -578,15 +566,6 @@ def _statuses(rows: list[dict[str, Any]]) -> list[tuple[int | None, str]]:
     return [(r.get("correlation_id"), r["status"]) for r in rows]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "decoder/tcp.py TcpReassembler.feed (and _segment) deliver a segment's payload before acting on its "
-        "ACK: the broker's response to request 2 carries the ACK that shows request 1 was lost, so request 2 "
-        "is still held behind the hole when its response is decoded (orphan) and is then reported unanswered. "
-        "Fix: handle `flags & ACK` (o.acked update + self._acked) before placing the payload."
-    ),
-)
 def test_ack_revealing_a_lost_request_comes_before_the_response(tmp_path: Path) -> None:
     from kafka_frames import heartbeat_v0, heartbeat_v0_response
 
