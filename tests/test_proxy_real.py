@@ -143,7 +143,18 @@ def test_end_to_end_through_proxy(
     )
     client_side = [r for r in client_rows if r["broker_port"] in (listen, node_port)]
     assert {r["broker_port"] for r in client_rows} <= {listen, node_port, tansu.port}
-    assert Counter(map(exchange_key, recorded)) == Counter(map(exchange_key, client_side))
+
+    # Tansu answers Produce acks=0; aiokafka and kafka-python reset the connection when that answer
+    # arrives, so whether the client side saw it before the reset is a race. The proxy recorded it
+    # (it did forward it); compare everything else exactly.
+    def comparable(rows: list[dict[str, Any]]) -> Counter:
+        return Counter(
+            exchange_key(r)
+            for r in rows
+            if not (r["status"] == "orphan_response" and "acks=0" in (r.get("decode_error") or ""))
+        )
+
+    assert comparable(recorded) == comparable(client_side)
     assert {r["broker_port"] for r in client_side} == {listen, node_port}  # clients used the broker listener
 
     # one upstream connection per proxied client connection, and nothing else reached the broker
