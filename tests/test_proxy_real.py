@@ -146,12 +146,24 @@ def test_end_to_end_through_proxy(
 
     # Tansu answers Produce acks=0; aiokafka and kafka-python reset the connection when that answer
     # arrives, so whether the client side saw it before the reset is a race. The proxy recorded it
-    # (it did forward it); compare everything else exactly.
+    # (it did forward it); compare everything else exactly. A tcpdump on a loaded 2-core machine can
+    # also drop packets: connections whose client-side decode shows capture damage (a truncated frame,
+    # or a response whose request is missing) are left out, and must be the exception.
+    def capture_damaged(row: dict[str, Any]) -> bool:
+        return row["status"] == "truncated" or (
+            row["status"] == "orphan_response" and "acks=0" not in (row.get("decode_error") or "")
+        )
+
+    damaged = {r["client_port"] for r in client_side if capture_damaged(r)}
+    ports = {r["client_port"] for r in client_side}
+    assert len(damaged) <= max(1, len(ports) // 4), f"capture damaged on {len(damaged)} of {len(ports)}"
+
     def comparable(rows: list[dict[str, Any]]) -> Counter:
         return Counter(
             exchange_key(r)
             for r in rows
-            if not (r["status"] == "orphan_response" and "acks=0" in (r.get("decode_error") or ""))
+            if r["client_port"] not in damaged
+            and not (r["status"] == "orphan_response" and "acks=0" in (r.get("decode_error") or ""))
         )
 
     assert comparable(recorded) == comparable(client_side)
