@@ -891,3 +891,35 @@ def kcat_scenario(
             summary["consumed"] += len(stdout.splitlines())
         summary["steps"].append(step)
     return summary
+
+
+def self_signed_certificate(folder: Path, host: str = "127.0.0.1") -> tuple[Path, Path]:
+    """(cert, key) PEM files of a one-day self-signed certificate for ``host``, made with openssl.
+
+    Raises OSError or subprocess.SubprocessError when openssl is missing or fails.
+    """
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            f"/CN={host}",
+            "-addext",
+            f"subjectAltName=IP:{host}",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return cert, key

@@ -23,6 +23,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 from kafka_frames import heartbeat_v0, heartbeat_v0_response, request
+from realkafka import self_signed_certificate
 from test_decode_reassembly import _HEADER, Conversation, write
 from typer.testing import CliRunner
 
@@ -263,29 +264,8 @@ def test_random_bytes_on_a_kafka_port(tmp_path: Path) -> None:
 def tls_bytes(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, bytes]:
     """A real TLS handshake start (ClientHello, then ServerHello ...), made with the ssl module in memory."""
     folder = tmp_path_factory.mktemp("tls")
-    key, cert = folder / "key.pem", folder / "cert.pem"
     try:
-        subprocess.run(
-            [
-                "openssl",
-                "req",
-                "-x509",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-keyout",
-                str(key),
-                "-out",
-                str(cert),
-                "-days",
-                "1",
-                "-subj",
-                "/CN=broker",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
+        cert, key = self_signed_certificate(folder)
     except (OSError, subprocess.SubprocessError) as exc:
         pytest.skip(f"openssl cannot make a test certificate: {exc}")
     server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

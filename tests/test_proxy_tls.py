@@ -10,12 +10,11 @@ records plaintext Kafka from inside TLS.
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import pyarrow.dataset as ds
 import pytest
-from realkafka import TansuBroker, kafka_python_scenario
+from realkafka import TansuBroker, kafka_python_scenario, self_signed_certificate
 
 from proxy.embedded import ProxyThread
 from proxy.server import ProxyConfig
@@ -27,31 +26,7 @@ pytestmark = pytest.mark.real
 def certificate(tmp_path: Path) -> tuple[Path, Path]:
     if shutil.which("openssl") is None:
         pytest.skip("openssl not installed")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
-    return cert, key
+    return self_signed_certificate(tmp_path)
 
 
 def test_tls_both_sides(tansu: TansuBroker, tmp_path: Path, certificate: tuple[Path, Path]) -> None:
