@@ -327,11 +327,12 @@ def _tcpdump_binary() -> str | None:
 class Tcpdump:
     """Capture loopback TCP traffic on some ports to a pcap file.
 
-    Runs ``tcpdump -i lo --immediate-mode -U -w FILE -s 0 'tcp port P1 or tcp port P2'``
+    Runs ``tcpdump -i lo --immediate-mode -U -w FILE -s 0 -B 65536 'tcp port P1 or tcp port P2'``
     (plus ``-Z root`` when root), returns from
     ``__enter__`` only once tcpdump reports "listening on", and on exit waits a
     moment for the last packets, stops tcpdump with SIGINT and waits for it so the
-    file is complete. ``packets`` holds tcpdump's "N packets captured" count.
+    file is complete. ``packets`` holds tcpdump's "N packets captured" count and
+    ``dropped`` its "N packets dropped by kernel" count.
     """
 
     def __init__(
@@ -350,6 +351,7 @@ class Tcpdump:
         self.start_timeout = start_timeout
         self.settle = settle
         self.packets: int | None = None
+        self.dropped: int | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self._stderr_file: Any = None
         self.command: list[str] = []
@@ -373,6 +375,10 @@ class Tcpdump:
             str(self.path),
             "-s",
             "0",
+            # a 64 MiB capture buffer (default 2 MiB): a CI capture lost packets under load, and
+            # bursts of loopback traffic while tcpdump is descheduled can overrun a small buffer
+            "-B",
+            "65536",
         ]
         if os.geteuid() == 0:
             # As root tcpdump drops to user "tcpdump" before opening the output file,
@@ -416,6 +422,8 @@ class Tcpdump:
         for line in self.stderr.splitlines():
             if line.endswith("packets captured"):
                 self.packets = int(line.split()[0])
+            elif line.endswith("packets dropped by kernel"):
+                self.dropped = int(line.split()[0])
         self._stderr_file.close()
         self._stderr_file = None
 
