@@ -184,7 +184,11 @@ EXCHANGE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ),
     ("sasl_mechanism", pa.string(), "SaslHandshake: the mechanism asked for (credentials are never kept)"),
     ("decode_error", pa.string(), "why the frame did not decode (status malformed/truncated/unknown_api)"),
-    ("injected", pa.bool_(), "proxy only: true when the proxy answered with an injected error itself (latency and close faults show in its metrics)"),
+    (
+        "injected",
+        pa.bool_(),
+        "proxy only: true when the proxy answered with an injected error itself (latency and close faults show in its metrics)",
+    ),
     ("date", pa.string(), "partition column: UTC date (YYYY-MM-DD) of request_time, else response_time"),
 ]
 

@@ -19,7 +19,21 @@ from typing import Any
 
 from proxy.server import Proxy, ProxyConfig
 
-__all__ = ["ProxyProcess", "ProxyThread"]
+__all__ = ["ProxyProcess", "ProxyThread", "loopback_config"]
+
+
+def loopback_config(
+    broker_port: int, out_dir: Path | None = None, flush_seconds: float = 1.0, **extra: Any
+) -> ProxyConfig:
+    """A proxy for one broker on 127.0.0.1, every listener on an OS-chosen port (tests and benchmarks)."""
+    return ProxyConfig(
+        bootstrap=[("127.0.0.1", broker_port)],
+        listen=("127.0.0.1", 0),
+        broker_port_base=0,
+        out_dir=out_dir,
+        flush_seconds=flush_seconds,
+        **extra,
+    )
 
 
 class ProxyThread:

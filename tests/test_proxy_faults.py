@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from realkafka import TansuBroker, free_port
 
-from proxy.embedded import ProxyProcess, ProxyThread
+from proxy.embedded import ProxyProcess, ProxyThread, loopback_config
 from proxy.server import ProxyConfig
 
 pytestmark = pytest.mark.real
@@ -49,15 +49,7 @@ def read_frame(sock: socket.socket) -> bytes:
 
 def config(broker: TansuBroker | int, out: Path | None = None, **extra: Any) -> ProxyConfig:
     port = broker if isinstance(broker, int) else broker.port
-    return ProxyConfig(
-        bootstrap=[("127.0.0.1", port)],
-        listen=("127.0.0.1", 0),
-        broker_port_base=0,
-        out_dir=out,
-        flush_seconds=0.5,
-        connect_timeout=3,
-        **extra,
-    )
+    return loopback_config(port, out, flush_seconds=0.5, connect_timeout=3, **extra)
 
 
 def rows(out: Path, table: str = "exchanges") -> list[dict[str, Any]]:

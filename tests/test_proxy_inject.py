@@ -10,23 +10,29 @@ the broker for an injected request: partition 0 ends up with exactly the deliver
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow.dataset as ds
 import pytest
 from realkafka import TansuBroker
+from spark_fixtures import spark  # noqa: F401
 
-from proxy.embedded import ProxyThread
+from proxy.embedded import ProxyThread, loopback_config
 from proxy.inject import parse_rule
-from proxy.server import ProxyConfig
+from spark_jobs.error_reaction import VERDICTS
 
 pytestmark = pytest.mark.real
 
 WINDOW = 2.5
 RECORDS = 3
-REPORT: dict[str, Any] = {}
+CLIENTS = ["kafka-python", "confluent", "aiokafka"]
+CODES = (56, 6)
 
 
 def produce(client: str, bootstrap: str, topic: str) -> list[str]:
@@ -124,53 +130,145 @@ def records_in_partition(bootstrap: str, topic: str, partition: int) -> int:
         consumer.close()
 
 
-@pytest.mark.parametrize("code", [56, 6])
-@pytest.mark.parametrize("client", ["kafka-python", "confluent", "aiokafka"])
-def test_injected_partition_error(tansu: TansuBroker, tmp_path: Path, client: str, code: int) -> None:
-    topic = f"inject-{client}-{code}"
-    tansu.create_topics([topic], partitions=2)
-    rule = parse_rule(f"api=Produce,topic={topic},partition=0,error={code},for={WINDOW}s")
-    config = ProxyConfig(
-        bootstrap=[("127.0.0.1", tansu.port)],
-        listen=("127.0.0.1", 0),
-        broker_port_base=0,
-        out_dir=tmp_path,
-        flush_seconds=1,
-        rules=[rule],
-    )
-    with ProxyThread(config) as running:
-        started = time.monotonic()
-        outcomes = produce(client, running.address, topic)
-        took = time.monotonic() - started
-        injected_count = running.proxy.metrics.injected[(rule.text, "error")]
-    rows = (
-        ds.dataset(tmp_path / "exchanges", partitioning="hive").to_table().sort_by("request_time").to_pylist()
-    )
+@dataclass
+class Rehearsal:
+    """One client library failed with one error code through the proxy, and what was recorded."""
+
+    client: str
+    code: int
+    topic: str
+    out_dir: Path
+    outcomes: list[str]
+    seconds: float
+    injected_count: int
+    records_in_partition: int
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        table = ds.dataset(self.out_dir / "exchanges", partitioning="hive").to_table()
+        return table.sort_by("request_time").to_pylist()
+
+
+@pytest.fixture(scope="module")
+def rehearse(tansu: TansuBroker, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, int], Rehearsal]:
+    """``rehearse(client, code)``: run that rehearsal once per module (later calls reuse it)."""
+    done: dict[tuple[str, int], Rehearsal] = {}
+
+    def run(client: str, code: int) -> Rehearsal:
+        if (client, code) in done:
+            return done[(client, code)]
+        topic = f"inject-{client}-{code}"
+        out_dir = tmp_path_factory.mktemp(f"inject-{client}-{code}")
+        tansu.create_topics([topic], partitions=2)
+        rule = parse_rule(f"api=Produce,topic={topic},partition=0,error={code},for={WINDOW}s")
+        config = loopback_config(tansu.port, out_dir, rules=[rule])
+        with ProxyThread(config) as running:
+            started = time.monotonic()
+            outcomes = produce(client, running.address, topic)
+            took = time.monotonic() - started
+            injected_count = running.proxy.metrics.injected[(rule.text, "error")]
+        done[(client, code)] = Rehearsal(
+            client,
+            code,
+            topic,
+            out_dir,
+            outcomes,
+            took,
+            injected_count,
+            records_in_partition(tansu.bootstrap, topic, 0),
+        )
+        return done[(client, code)]
+
+    return run
+
+
+@pytest.mark.parametrize("code", CODES)
+@pytest.mark.parametrize("client", CLIENTS)
+def test_injected_partition_error(rehearse: Callable[[str, int], Rehearsal], client: str, code: int) -> None:
+    run = rehearse(client, code)
+    rows = run.rows
     injected = [r for r in rows if r["injected"]]
-    assert injected and len(injected) == injected_count
+    assert injected and len(injected) == run.injected_count
     for row in injected:
         assert row["api_name"] == "Produce" and row["status"] == "ok"
         assert {(p["topic"], p["partition"], p["error_code"]) for p in row["partition_errors"]} == {
-            (topic, 0, code)
+            (run.topic, 0, code)
         }
     assert not any(r["injected"] for r in rows if r["api_name"] != "Produce")
     # the client's reaction: Metadata requests between the first and the last injected error
     first, last = injected[0]["request_time"], injected[-1]["response_time"]
     refreshes = [r for r in rows if r["api_name"] == "Metadata" and first <= r["request_time"] <= last]
-    delivered = outcomes.count("ok")
-    REPORT[f"{client} {code}"] = {
-        "injected": len(injected),
-        "metadata_during": len(refreshes),
-        "delivered": delivered,
-        "outcomes": outcomes,
-        "seconds": round(took, 2),
-    }
+    delivered = run.outcomes.count("ok")
     print(
         f"\n{client} error {code}: {len(injected)} injected responses, {len(refreshes)} Metadata requests "
-        f"while failed, outcomes {outcomes}, {took:.1f}s"
+        f"while failed, outcomes {run.outcomes}, {run.seconds:.1f}s"
     )
     # nothing was written behind the client's back: the partition holds the delivered records only
-    assert records_in_partition(tansu.bootstrap, topic, 0) == delivered
+    assert run.records_in_partition == delivered
     assert delivered == RECORDS  # every library retried past the window
     if len(injected) > 1:
         assert refreshes, f"{client} retried {code} without ever refreshing metadata"
+
+
+def reaction_by_hand(rows: list[dict[str, Any]], error: dict[str, Any]) -> str:
+    """The verdict for one injected error read straight off the rows, with error_reaction's default
+    thresholds: refreshed within 10 s after at most 2 more requests for the partition, or not."""
+    after = error["response_time"]
+    refresh = next(
+        (r["request_time"] for r in rows if r["api_name"] == "Metadata" and r["request_time"] > after), None
+    )
+    retried = sum(
+        1
+        for r in rows
+        if r["api_name"] == "Produce"
+        and r["request_time"] > after
+        and (refresh is None or r["request_time"] < refresh)
+        and error["topic"] in (r["topics"] or ())
+    )
+    if refresh is not None and (refresh - after).total_seconds() <= 10 and retried <= 2:
+        return "refreshes_metadata"
+    return "retries_without_refresh" if retried else "gives_up_or_unknown"
+
+
+def test_error_reaction_verdicts_match_what_each_library_did(
+    rehearse: Callable[[str, int], Rehearsal],
+    spark,  # noqa: F811
+) -> None:
+    """Issue 4's headline on real traffic: per library, its reaction to 56 next to its reaction to 6,
+    as the Spark job computes it, equals what the recorded rows show one error at a time."""
+    from spark_jobs.common import load_tables
+    from spark_jobs.error_reaction import error_reaction, error_reaction_headline
+
+    runs = [rehearse(client, code) for client in CLIENTS for code in CODES]
+    expected: dict[tuple[str, int], Counter[str]] = {}
+    for client in CLIENTS:
+        # one client id per library: its rehearsals of both codes are one client's history
+        rows = sorted(
+            (row for run in runs if run.client == client for row in run.rows), key=lambda r: r["request_time"]
+        )
+        for row in rows:
+            if row["injected"]:
+                error = {"response_time": row["response_time"], "topic": row["topics"][0]}
+                code = row["partition_errors"][0]["error_code"]
+                expected.setdefault((client, code), Counter())[reaction_by_hand(rows, error)] += 1
+
+    tables = [load_tables(spark, run.out_dir) for run in runs]
+    exchanges = functools.reduce(lambda a, b: a.unionByName(b), (t.exchanges for t in tables))
+    reactions = error_reaction(exchanges, watched=CODES).cache()
+    got: dict[tuple[str, int], Counter[str]] = {}
+    for r in reactions.collect():
+        client = r["client_id"].removeprefix("inject-")
+        verdict = "gives_up_or_unknown" if r["verdict"] in ("gives_up", "unknown") else r["verdict"]
+        got.setdefault((client, r["error_code"]), Counter())[verdict] += 1
+    assert got == expected
+
+    headline = {r["client_id"]: r.asDict() for r in error_reaction_headline(reactions).collect()}
+    print("\nerror_reaction headline on injected traffic:")
+    for client in CLIENTS:
+        row = headline[f"inject-{client}"]
+        print(f"  {client:13} 56: {row['reaction_56']:24} 6: {row['reaction_6']}")
+        for code in CODES:
+            assert row[f"errors_{code}"] == sum(expected[(client, code)].values())
+            assert row[f"reaction_{code}"] in VERDICTS and row[f"reaction_{code}"] != "unknown"
+            if set(expected[(client, code)]) == {"refreshes_metadata"}:
+                assert row[f"reaction_{code}"] == "refreshes_metadata"

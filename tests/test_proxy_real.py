@@ -185,6 +185,7 @@ def test_end_to_end_through_proxy(
     assert len(gapped) <= max(1, len(streams) // 4), f"tcpdump lost packets on {len(gapped)} streams"
     near_whole = [s for s in near if not s.gap_bytes]
     far_whole = [s for s in far if not s.gap_bytes]
+
     # every whole stream's request bytes arrived unchanged on the other side
     # (except those whose other side is gapped: at most one per gapped stream there)
     def unmatched(whole: list[Any], other: list[Any]) -> int:

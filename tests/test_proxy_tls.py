@@ -16,8 +16,7 @@ import pyarrow.dataset as ds
 import pytest
 from realkafka import TansuBroker, kafka_python_scenario, self_signed_certificate
 
-from proxy.embedded import ProxyThread
-from proxy.server import ProxyConfig
+from proxy.embedded import ProxyThread, loopback_config
 
 pytestmark = pytest.mark.real
 
@@ -32,25 +31,14 @@ def certificate(tmp_path: Path) -> tuple[Path, Path]:
 def test_tls_both_sides(tansu: TansuBroker, tmp_path: Path, certificate: tuple[Path, Path]) -> None:
     cert, key = certificate
     inner_out, outer_out = tmp_path / "inner", tmp_path / "outer"
-    inner = ProxyConfig(
-        bootstrap=[("127.0.0.1", tansu.port)],
-        listen=("127.0.0.1", 0),
-        broker_port_base=0,
-        out_dir=inner_out,
-        flush_seconds=1,
+    inner = loopback_config(
+        tansu.port,
+        inner_out,
         tls_cert=cert,
         tls_key=key,
     )
     with ProxyThread(inner) as b:
-        outer = ProxyConfig(
-            bootstrap=[("127.0.0.1", b.proxy.listen_port)],
-            listen=("127.0.0.1", 0),
-            broker_port_base=0,
-            out_dir=outer_out,
-            flush_seconds=1,
-            upstream_tls=True,
-            upstream_ca=cert,
-        )
+        outer = loopback_config(b.proxy.listen_port, outer_out, upstream_tls=True, upstream_ca=cert)
         with ProxyThread(outer) as a:
             summary = kafka_python_scenario(a.address, "tls-chain", messages_per_step=1, timeout=20)
         from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition

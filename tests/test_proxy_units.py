@@ -22,7 +22,7 @@ from decoder import protocol
 from decoder.connection import KafkaConnection
 from decoder.events import ResponseReceived
 from proxy import rewrite
-from proxy.embedded import ProxyThread
+from proxy.embedded import ProxyThread, loopback_config
 from proxy.framing import parse_request_head
 from proxy.inject import RuleError, RuleSet, build_error_response, load_rules, parse_duration, parse_rule
 from proxy.server import ProxyConfig, parse_address
@@ -406,14 +406,7 @@ def fake() -> Any:
 
 
 def proxy_config(broker_port: int, tmp_path: Path | None = None, **extra: Any) -> ProxyConfig:
-    return ProxyConfig(
-        bootstrap=[("127.0.0.1", broker_port)],
-        listen=("127.0.0.1", 0),
-        broker_port_base=0,
-        out_dir=tmp_path,
-        flush_seconds=0.2,
-        **extra,
-    )
+    return loopback_config(broker_port, tmp_path, flush_seconds=0.2, **extra)
 
 
 def test_injected_response_keeps_request_order(fake: FakeBroker, tmp_path: Path) -> None:
