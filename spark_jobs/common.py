@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
+from decoder.protocol import ERRORS
 from kwire.schema import CONNECTIONS_SCHEMA, EXCHANGES_SCHEMA
 
 __all__ = [
@@ -40,21 +41,8 @@ __all__ = [
 #: Columns that identify a client, then the software columns attached to it, in output order.
 CLIENT_COLUMNS = ("client_id", "client_ip", "client_software_name", "client_software_version")
 
-#: Names of the error codes the jobs single out (the decoder's table names every code).
-ERROR_NAMES = {
-    0: "NONE",
-    3: "UNKNOWN_TOPIC_OR_PARTITION",
-    5: "LEADER_NOT_AVAILABLE",
-    6: "NOT_LEADER_OR_FOLLOWER",
-    7: "REQUEST_TIMED_OUT",
-    13: "NETWORK_EXCEPTION",
-    14: "COORDINATOR_LOAD_IN_PROGRESS",
-    15: "COORDINATOR_NOT_AVAILABLE",
-    16: "NOT_COORDINATOR",
-    35: "UNSUPPORTED_VERSION",
-    56: "KAFKA_STORAGE_ERROR",
-    74: "FENCED_LEADER_EPOCH",
-}
+#: Every error code's name, from the decoder's table (generated from Kafka's error codes).
+ERROR_NAMES: dict[int, str] = {code: entry[0] for code, entry in ERRORS.items()}
 
 _NULL_ID = "\u0000"
 
@@ -262,9 +250,9 @@ def next_time_after(
 
 
 def error_name(code: Column) -> Column:
-    """Name of an error code column for the codes in :data:`ERROR_NAMES`, else ``ERROR_<code>``."""
+    """Name of an error code column, as the decoder names it (``UNKNOWN_CODE_<n>`` if undefined)."""
     mapping = F.create_map(*[x for k, v in ERROR_NAMES.items() for x in (F.lit(k), F.lit(v))])
-    return F.coalesce(mapping[code.cast("int")], F.concat(F.lit("ERROR_"), code.cast("string")))
+    return F.coalesce(mapping[code.cast("int")], F.concat(F.lit("UNKNOWN_CODE_"), code.cast("string")))
 
 
 def ordered(df: DataFrame, *cols: str | Column) -> DataFrame:
