@@ -12,9 +12,17 @@ waiting was never answered.
 
 Losing alignment (a gap longer than the frame in progress, an implausible length, a stream
 entered mid-way) switches the direction to hunting: it looks for the next offset where a
-frame header is plausible (requests: known api key, defined version, sane client id;
-responses: a correlation id that a pending request has) and resumes there, emitting
-``Resync``. Hunting never emits a frame it has not checked, so garbage is never decoded.
+frame starts and resumes there, emitting ``Resync``. A header that merely looks right turns up
+by chance inside other frames' bodies, so a candidate is accepted only once its whole frame is
+buffered and checks out: a request must decode cleanly (known api key and version, sane client
+id, the body fills the frame); a response must carry the correlation id of a pending request
+and decode as that request's answer (with nothing pending: a complete frame followed by one
+with a later correlation id; right after a gap: an aligned frame followed by a checked
+response, reported as an orphan). The frame boundary after it must look plausible too, or be
+the end of the data so far. A candidate whose frame is still incomplete is remembered while
+later offsets are tried; a frame longer than ``HUNT_WAIT`` bytes is trusted on its header once
+that many bytes of it are in, so a hunting direction holds at most a few times ``HUNT_WAIT``
+bytes. Hunting never emits a frame it has not checked, so garbage is never decoded.
 """
 
 from __future__ import annotations
@@ -44,14 +52,18 @@ from decoder.fastclass import fast_constructor
 from decoder.primitives import Malformed, read_uvarint
 from decoder.receivebuffer import ReceiveBuffer
 
-__all__ = ["DEFAULT_FRAME_LIMIT", "KafkaConnection", "looks_like_request"]
+__all__ = ["DEFAULT_FRAME_LIMIT", "HUNT_WAIT", "KafkaConnection", "looks_like_request"]
 
 DEFAULT_FRAME_LIMIT = 100 << 20
 DEFAULT_MAX_PENDING = 100_000
+#: While hunting, bytes of a candidate frame awaited before deciding on its header alone (and so
+#: about the most a hunting direction buffers).
+HUNT_WAIT = 1 << 20
 
 _I32 = struct.Struct(">i").unpack_from
 _I16 = struct.Struct(">h").unpack_from
 _REQUEST_HEAD = struct.Struct(">ihhi").unpack_from  # length, api key, api version, correlation id
+_RESPONSE_HEAD = struct.Struct(">ii").unpack_from  # length, correlation id
 _MIN_REQUEST = 8  # api key + version + correlation id
 _MIN_RESPONSE = 4  # correlation id
 _DECODE_ERRORS = (Malformed, struct.error, IndexError, ValueError, OverflowError)
@@ -61,6 +73,14 @@ _Response = fast_constructor(Response)
 _RequestReceived = fast_constructor(RequestReceived)
 _ResponseReceived = fast_constructor(ResponseReceived)
 _ACKS0_REMEMBERED = 256
+_HUNT_WAITING_MAX = 64  # incomplete candidates remembered at once while hunting
+_CORR_STEP = 1 << 16  # most a connection's correlation ids advance from one response to the next
+
+# Hunt verdicts on one candidate offset.
+_REJECT = 0  # not a frame start
+_ACCEPT = 1  # a frame start: resume framing here
+_WAIT = 2  # cannot tell before more bytes arrive; later offsets may still be tried
+_BLOCK = 3  # cannot tell before more bytes arrive; try nothing later meanwhile
 
 # Offsets where a request header may start: 8 <= length < 128 MiB, api key 0..127, version 0..127.
 # A regex finds candidates at C speed; only those get the full Python check.
@@ -125,16 +145,60 @@ def looks_like_request(buf: Any, pos: int, end: int, frame_limit: int = DEFAULT_
         return False
 
 
+_NO, _CLEAN, _TRAILING = 0, 1, 2  # how a frame decodes
+
+
+def _request_decodes(buf: Any, pos: int, end: int) -> int:
+    """How the request frame ``buf[pos:end]`` decodes: ``_CLEAN`` (a known body that fills it
+    exactly), ``_TRAILING`` (a known body, then a few bytes it does not explain, from a client
+    that names itself) or ``_NO``."""
+    _size, api_key, api_version, _corr = _REQUEST_HEAD(buf, pos)
+    header_version, decoder = protocol.request_plan(api_key, api_version)
+    if decoder is None:
+        return _NO
+    client_id = None
+    try:
+        body = pos + 12
+        if header_version >= 1:
+            client_id, body = _read_client_id(buf, body, end)
+        if header_version >= 2:
+            body = _skip_tagged_fields(buf, body, end)
+        _fields, stop = decoder(buf, body, end)
+    except _DECODE_ERRORS:
+        return _NO
+    if stop == end:
+        return _CLEAN
+    return _TRAILING if stop < end and client_id and (end - stop) * 4 <= end - pos else _NO
+
+
 class _Direction:
     """Framing state of one direction."""
 
-    __slots__ = ("frames", "gap_bytes", "hunt_reason", "hunt_skipped", "hunting", "rx", "skip", "total_bytes")
+    __slots__ = (
+        "frames",
+        "gap_bytes",
+        "hunt_after_gap",
+        "hunt_reason",
+        "hunt_scan",
+        "hunt_skipped",
+        "hunt_waiting",
+        "hunting",
+        "rx",
+        "skip",
+        "total_bytes",
+    )
 
     def __init__(self, synced: bool) -> None:
         self.rx = ReceiveBuffer()
         self.hunting = not synced
         self.hunt_reason = "" if synced else "stream entered mid-way"
         self.hunt_skipped = 0
+        # While hunting (stream offsets, i.e. ``rx.base`` + index): where scanning for new
+        # candidates resumes, the candidates waiting for their frame's bytes as (offset, offset
+        # by which they can be decided), and the first offset after a gap (-1: none).
+        self.hunt_scan = 0
+        self.hunt_waiting: list[tuple[int, int]] = []
+        self.hunt_after_gap = -1
         self.skip = 0  # bytes still to come of a frame already reported truncated
         self.frames = 0
         self.total_bytes = 0
@@ -167,6 +231,7 @@ class KafkaConnection:
         self._events: deque[Event] = deque()
         self.resyncs = 0
         self.closed = False
+        self._closing = False  # receive_close is deciding what the last bytes were
 
     # ---- input -------------------------------------------------------------------------
 
@@ -198,11 +263,13 @@ class KafkaConnection:
             nbytes -= state.skip
             state.skip = 0
             self._start_hunting(state, f"gap of {nbytes} bytes")
+            self._hunt_after_gap(state)
             return
         rx = state.rx
         have = rx.available()
         if state.hunting:
             rx.clear()  # bytes before a gap cannot join bytes after it
+            self._hunt_after_gap(state)
             return
         if have >= 4:
             total = 4 + _I32(rx.buf, rx.pos)[0]
@@ -214,6 +281,7 @@ class KafkaConnection:
         else:
             rx.clear()
         self._start_hunting(state, f"gap of {nbytes} bytes")
+        self._hunt_after_gap(state)
         if direction == BROKER_TO_CLIENT:
             # Responses to requests sent so far may be among the lost bytes: any of them that
             # turns out unanswered is reported as lost to the gap, not as ignored by the broker.
@@ -223,6 +291,11 @@ class KafkaConnection:
         """The connection ended (or the capture did): flush partial frames and pending requests."""
         if self.closed:
             return
+        # A hunting direction may hold checked frames that waited only for the bytes after them.
+        self._closing = True
+        for direction, state in enumerate(self._dirs):
+            if state.hunting and state.rx.available() >= 4:
+                self._drain(direction, state, ts_ns)
         for direction, state in enumerate(self._dirs):
             rx = state.rx
             if not state.hunting and rx.available() >= 4:
@@ -267,6 +340,16 @@ class KafkaConnection:
             state.hunting = True
             state.hunt_reason = reason
             state.hunt_skipped = 0
+            state.hunt_scan = 0
+            state.hunt_waiting = []
+            state.hunt_after_gap = -1
+
+    @staticmethod
+    def _hunt_after_gap(state: _Direction) -> None:
+        """A hunting direction lost bytes: nothing buffered is kept, the next byte follows a gap."""
+        rx = state.rx
+        state.hunt_after_gap = state.hunt_scan = rx.base + len(rx.buf)
+        state.hunt_waiting = []
 
     def _drain(self, direction: int, state: _Direction, ts_ns: int) -> None:
         rx = state.rx
@@ -310,66 +393,187 @@ class KafkaConnection:
         rx.consume_to(pos)
 
     def _hunt(self, direction: int, state: _Direction, ts_ns: int) -> bool:
-        """Find the next plausible frame start; True once aligned (``rx.pos`` moved there)."""
+        """Find the next checked frame start; True once aligned (``rx.pos`` moved there).
+
+        Candidates still waiting for bytes are decided first (oldest first), then new offsets are
+        scanned. False: nothing yet; the bytes that may still hold a frame start are kept.
+        """
         rx = state.rx
         buf = rx.buf
+        base = rx.base
         start = rx.pos
         end = len(buf)
+        request = direction == CLIENT_TO_BROKER
+        check = self._plausible_request if request else self._plausible_response
+        after_gap = state.hunt_after_gap - base
         found = -1
-        need_more_at = -1
-        if direction == CLIENT_TO_BROKER:
-            for match in _REQUEST_CANDIDATE.finditer(buf, start):
-                at = match.start()
-                if end - at < 14:
-                    need_more_at = at
-                    break
-                if looks_like_request(buf, at, end, self.frame_limit):
-                    found = at
-                    break
-        else:
-            for match in _RESPONSE_CANDIDATE.finditer(buf, start):
-                at = match.start()
-                if end - at < 8:
-                    need_more_at = at
-                    break
-                verdict = self._plausible_response(buf, at, end)
-                if verdict is None:
-                    need_more_at = at
-                    break
-                if verdict:
-                    found = at
-                    break
+        waiting: list[tuple[int, int]] = []
+        for at_abs, ready_abs in state.hunt_waiting:
+            at = at_abs - base
+            if base + end < ready_abs and not self._closing:
+                waiting.append((at_abs, ready_abs))
+                continue
+            verdict, ready = check(buf, at, end, at == after_gap)
+            if verdict == _ACCEPT:
+                found = at
+                break
+            if verdict != _REJECT:
+                waiting.append((at_abs, base + ready))
+        stop = -1
         if found < 0:
-            keep_from = need_more_at if need_more_at >= 0 else max(start, end - 13)
+            pattern = _REQUEST_CANDIDATE if request else _RESPONSE_CANDIDATE
+            for match in pattern.finditer(buf, max(start, state.hunt_scan - base)):
+                at = match.start()
+                verdict, ready = check(buf, at, end, at == after_gap)
+                if verdict == _ACCEPT:
+                    found = at
+                    break
+                if verdict == _BLOCK or (verdict == _WAIT and len(waiting) >= _HUNT_WAITING_MAX):
+                    stop = at
+                    break
+                if verdict == _WAIT:
+                    waiting.append((base + at, base + ready))
+        if found < 0:
+            if stop < 0:  # every offset the pattern can test was tried
+                stop = max(start, state.hunt_scan - base, end - (7 if request else 3))
+            state.hunt_scan = base + stop
+            state.hunt_waiting = waiting
+            keep_from = min(stop, waiting[0][0] - base) if waiting else stop
             state.hunt_skipped += keep_from - start
             rx.consume_to(keep_from)
             return False
         state.hunt_skipped += found - start
         rx.consume_to(found)
+        rx.compact()  # once per resync: the frame is decoded as if it had arrived on its own
         state.hunting = False
+        state.hunt_waiting = []
         self.resyncs += 1
         self._events.append(Resync(direction, ts_ns, state.hunt_skipped, state.hunt_reason))
         state.hunt_skipped = 0
         return True
 
-    def _plausible_response(self, buf: Any, at: int, end: int) -> bool | None:
-        """Is ``at`` a response start? None: cannot tell until more bytes arrive."""
-        size = _I32(buf, at)[0]
-        if size < _MIN_RESPONSE or size > self.frame_limit:
-            return False
-        corr = _I32(buf, at + 4)[0]
-        if self._pending or self._acks0:  # some brokers (Tansu) answer acks=0 Produce too
-            return corr in self._pending or corr in self._acks0
-        # Nothing pending to match against: require the whole frame and a plausible next one.
-        frame_end = at + 4 + size
+    def _plausible_request(self, buf: Any, at: int, end: int, _after_gap: bool) -> tuple[int, int]:
+        """Hunt verdict on a request starting at ``buf[at]`` (and the index to wait for)."""
+        if end - at < 14:
+            return _BLOCK, at + 14
+        if not looks_like_request(buf, at, end, self.frame_limit):
+            return _REJECT, 0
+        frame_end = at + 4 + _I32(buf, at)[0]
         if frame_end > end:
-            return None if size <= (1 << 20) else False
-        if frame_end == end:
-            return True
-        if end - frame_end < 4:
-            return None
-        next_size = _I32(buf, frame_end)[0]
-        return _MIN_RESPONSE <= next_size <= self.frame_limit
+            if end - at >= HUNT_WAIT:  # long: no later frame checked out in this many bytes
+                return _ACCEPT, 0
+            return _WAIT, min(frame_end, at + HUNT_WAIT)
+        decodes = _request_decodes(buf, at, frame_end)
+        if decodes == _NO:
+            return _REJECT, 0
+        # Bytes the body does not explain: real clients send that (newer fields, padding), and so
+        # do chance matches. Taken only if the next request decodes too (or the data ends here).
+        return self._next_request(buf, frame_end, end, decodes == _TRAILING)
+
+    def _next_request(self, buf: Any, at: int, end: int, whole: bool = False) -> tuple[int, int]:
+        """Is ``at``, just after a checked request, plausibly where the next one starts?
+
+        ``whole``: only if that one decodes as well (once it is all there)."""
+        have = end - at
+        if have == 0:
+            return _ACCEPT, 0
+        if have < 4:
+            return (_ACCEPT, 0) if self._closing else (_WAIT, at + 4)
+        size = _I32(buf, at)[0]
+        if size < _MIN_REQUEST or size > self.frame_limit:
+            return _REJECT, 0
+        need = min(HUNT_WAIT, 4 + size) if whole else min(14, 4 + size)
+        if have < need:
+            return (_ACCEPT, 0) if self._closing else (_WAIT, at + need)
+        if not looks_like_request(buf, at, end, self.frame_limit):
+            return _REJECT, 0
+        if whole and at + 4 + size <= end and _request_decodes(buf, at, at + 4 + size) == _NO:
+            return _REJECT, 0
+        return _ACCEPT, 0
+
+    def _plausible_response(self, buf: Any, at: int, end: int, after_gap: bool) -> tuple[int, int]:
+        """Hunt verdict on a response starting at ``buf[at]`` (and the index to wait for).
+
+        With requests pending, the correlation id must be one of theirs and the body must decode
+        as that request's answer, except right after a gap, where an aligned frame whose request
+        was lost too is taken (as an orphan) when a checked response follows it. With nothing to
+        match against, a complete frame is taken when the data ends with it or the next header
+        has a plausible length and a later correlation id; offsets are then tried strictly in
+        order (``_BLOCK``), as nothing stronger could overrule a later match.
+        """
+        if end - at < 8:
+            return _BLOCK, at + 8
+        size, corr = _RESPONSE_HEAD(buf, at)
+        if size < _MIN_RESPONSE or size > self.frame_limit:
+            return _REJECT, 0
+        frame_end = at + 4 + size
+        if self._pending or self._acks0:  # some brokers (Tansu) answer acks=0 Produce too
+            verdict, ready = self._matched_response(buf, at, end, corr, frame_end)
+            if verdict != _REJECT or not after_gap:
+                return verdict, ready
+            if frame_end > end:  # right after a gap: maybe a response whose request was lost
+                return (_WAIT, frame_end) if size <= HUNT_WAIT else (_REJECT, 0)
+            have = end - frame_end
+            if have < 8:  # wait for the next response (at the end: take it)
+                return (_ACCEPT, 0) if self._closing else (_WAIT, frame_end + 8)
+            next_size, next_corr = _RESPONSE_HEAD(buf, frame_end)
+            if not _MIN_RESPONSE <= next_size <= self.frame_limit:
+                return _REJECT, 0
+            verdict, ready = self._matched_response(buf, frame_end, end, next_corr, frame_end + 4 + next_size)
+            return (
+                (_ACCEPT, 0)
+                if verdict == _ACCEPT or (verdict == _WAIT and self._closing)
+                else (verdict, ready)
+            )
+        # Nothing pending to match against: require the whole frame, then the end of the data or
+        # a next header with a plausible length and a later correlation id (a broker answers a
+        # connection's requests in order, and clients number them upwards).
+        if frame_end > end:
+            return (_BLOCK, frame_end) if size <= HUNT_WAIT else (_REJECT, 0)
+        have = end - frame_end
+        if have == 0 or (have < 8 and self._closing):
+            return _ACCEPT, 0
+        if have < 8:
+            return _BLOCK, frame_end + 8
+        next_size, next_corr = _RESPONSE_HEAD(buf, frame_end)
+        if _MIN_RESPONSE <= next_size <= self.frame_limit and 0 < next_corr - corr <= _CORR_STEP:
+            return _ACCEPT, 0
+        return _REJECT, 0
+
+    def _matched_response(self, buf: Any, at: int, end: int, corr: int, frame_end: int) -> tuple[int, int]:
+        """Hunt verdict on a response to a pending (or acks=0) request, by decoding it as one."""
+        entry = self._pending.get(corr)
+        request = entry[1] if entry is not None else self._acks0.get(corr)
+        if request is None:
+            return _REJECT, 0
+        if frame_end > end:
+            if end - at >= HUNT_WAIT:  # long: its header is all there is to go by
+                return _ACCEPT, 0
+            return _WAIT, min(frame_end, at + HUNT_WAIT)
+        response = self._decode_response(request, buf, at, frame_end, 0, 0)
+        if response.status == "unknown_api" or (response.status == "ok" and response.decode_error is None):
+            return self._next_response(buf, frame_end, end)
+        # A body that does not fit the layout: some brokers' real answers do that, and so do chance
+        # matches. Taken only if the next header also names a pending request (or the data ends).
+        return self._next_response(buf, frame_end, end, matched=True)
+
+    def _next_response(self, buf: Any, at: int, end: int, matched: bool = False) -> tuple[int, int]:
+        """Is ``at``, just after a checked response, plausibly where the next one starts?
+
+        ``matched``: only if that one answers a pending (or acks=0) request too."""
+        have = end - at
+        if have == 0:
+            return _ACCEPT, 0
+        if have < (8 if matched else 4):
+            return (_ACCEPT, 0) if self._closing else (_WAIT, at + (8 if matched else 4))
+        size = _I32(buf, at)[0]
+        if not _MIN_RESPONSE <= size <= self.frame_limit:
+            return _REJECT, 0
+        if matched:
+            corr = _I32(buf, at + 4)[0]
+            if corr not in self._pending and corr not in self._acks0:
+                return _REJECT, 0
+        return _ACCEPT, 0
 
     # ---- frames ------------------------------------------------------------------------
 

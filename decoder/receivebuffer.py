@@ -60,6 +60,13 @@ class ReceiveBuffer:
             self.base += index
             self.pos = 0
 
+    def compact(self) -> None:
+        """Drop the consumed prefix now, so ``buf[0]`` is the first unconsumed byte."""
+        if self.pos:
+            del self.buf[: self.pos]
+            self.base += self.pos
+            self.pos = 0
+
     def clear(self) -> None:
         """Discard everything buffered (after a gap)."""
         self.consume_to(len(self.buf))

@@ -255,3 +255,93 @@ def test_next_event_is_need_data_when_drained() -> None:
 )
 def test_looks_like_request(data: bytes, expected: bool) -> None:
     assert looks_like_request(data, 0, len(data)) is expected
+
+
+def _produce_with_header_lost() -> tuple[bytes, bytes]:
+    """A Produce request missing its first 6 bytes (its body holds header-like bytes), and the request
+    after it."""
+    produce = kf.produce_v3(1, acks=1, batches=(kf.record_batch(5, payload=b"v" * 40),))
+    return produce[6:], kf.heartbeat_v0(2)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 10_000])
+def test_hunt_accepts_only_a_whole_frame_that_decodes(chunk: int) -> None:
+    rest, after = _produce_with_header_lost()
+    stream = rest + after
+    conn = KafkaConnection(synced=False)
+    for at in range(0, len(stream), chunk):
+        conn.receive_data(UP, stream[at : at + chunk], 1)
+    conn.receive_close(2)
+    events = conn.events()
+    assert [
+        (e.request.correlation_id, e.request.status) for e in events if isinstance(e, RequestReceived)
+    ] == [(2, "ok")]
+    (resync,) = [e for e in events if isinstance(e, Resync)]
+    assert resync.skipped_bytes == len(rest)
+
+
+def test_hunt_for_a_response_decodes_it_as_the_pending_requests_answer() -> None:
+    conn = KafkaConnection()
+    conn.receive_data(UP, kf.heartbeat_v0(1) + kf.heartbeat_v0(65536), 1)
+    conn.receive_gap(DOWN, 2, 2)  # response 1 loses 00 00: the rest reads as a 393,216-byte response to 65536
+    conn.receive_data(DOWN, kf.heartbeat_v0_response(1)[2:], 3)
+    conn.receive_data(DOWN, kf.heartbeat_v0_response(65536), 4)
+    done = terminal(conn.events())
+    assert [(type(e).__name__, e.request.correlation_id) for e in done] == [
+        ("Unanswered", 1),
+        ("ResponseReceived", 65536),
+    ]
+    assert done[0].reason == "gap" and done[1].response.fields == {"error_code": 0}
+
+
+def test_response_right_after_a_gap_with_its_request_lost_is_an_orphan() -> None:
+    conn = KafkaConnection()
+    conn.receive_data(UP, kf.heartbeat_v0(1), 1)
+    conn.receive_gap(DOWN, len(kf.heartbeat_v0_response(1)), 2)
+    conn.receive_data(DOWN, kf.heartbeat_v0_response(2), 3)  # request 2 was lost too
+    conn.receive_data(UP, kf.heartbeat_v0(3), 4)
+    conn.receive_data(DOWN, kf.heartbeat_v0_response(3), 5)
+    done = terminal(conn.events())
+    assert [
+        (
+            type(e).__name__,
+            e.response.correlation_id if isinstance(e, OrphanResponse) else e.request.correlation_id,
+        )
+        for e in done
+    ] == [
+        ("OrphanResponse", 2),
+        ("Unanswered", 1),
+        ("ResponseReceived", 3),
+    ]
+
+
+def test_close_decodes_a_checked_frame_that_waited_for_the_bytes_after_it() -> None:
+    stream = kf.heartbeat_v0(1) + kf.heartbeat_v0(2)
+    conn = KafkaConnection(synced=False)
+    conn.receive_data(UP, stream[9:] + kf.heartbeat_v0(3)[:2], 1)
+    assert not [e for e in conn.events() if isinstance(e, RequestReceived)]  # 2 bytes: cannot tell yet
+    conn.receive_close(2)
+    assert [e.request.correlation_id for e in conn.events() if isinstance(e, RequestReceived)] == [2]
+
+
+def test_hunting_holds_a_bounded_number_of_bytes() -> None:
+    """A plausible header claiming 50 MiB, then bytes that hold no frame: the hunt waits for that frame
+    only up to HUNT_WAIT bytes, then trusts its header (framing then holds it as any frame in progress)."""
+    import tracemalloc
+
+    from decoder.connection import HUNT_WAIT
+
+    fake = kf.request(12, 0, 1, b"")
+    fake = struct.pack(">i", 50 << 20) + fake[4:]
+    conn = KafkaConnection(synced=False)
+    tracemalloc.start()
+    conn.receive_data(UP, fake, 1)
+    for _ in range(HUNT_WAIT // 4096 // 2):
+        conn.receive_data(UP, b"\xff" * 4096, 2)
+    _current, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < HUNT_WAIT + (1 << 20)
+    assert not conn.events()  # still waiting: nothing decoded, nothing resynced
+    for _ in range(HUNT_WAIT // 4096):
+        conn.receive_data(UP, b"\xff" * 4096, 3)
+    assert [type(e).__name__ for e in conn.events()] == ["Resync"]

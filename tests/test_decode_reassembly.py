@@ -430,11 +430,6 @@ def _data_indexes(packets: list[Packet], to_broker: bool) -> list[int]:
     ]
 
 
-_BODY_HUNT = pytest.mark.xfail(
-    strict=True,
-    reason="decoder/connection.py's hunt stops inside a request body: "
-    "see test_hunt_does_not_stop_inside_a_request_body",
-)
 _LOSS_CASES = [
     pytest.param(
         name,
@@ -483,13 +478,7 @@ def test_lost_piece_mid_frame_keeps_alignment(name: str, originals: dict, tmp_pa
     assert any(r["status"] == "truncated" and "missing" in (r.get("decode_error") or "") for r in got)
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(n, marks=[_BODY_HUNT] if n in ("tansu-confluent.pcap", "tansu-mixed.pcap") else [])
-        for n in NAMES
-    ],
-)
+@pytest.mark.parametrize("name", NAMES)
 def test_lost_frame_header_resyncs(name: str, originals: dict, tmp_path: Path) -> None:
     """The first bytes of a request (its header) are lost: the decoder hunts for the next request,
     counts a resync, and the response of the lost request becomes an orphan."""
@@ -598,18 +587,10 @@ def test_answer_to_acks0_produce_found_after_a_gap(tmp_path: Path) -> None:
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "decoder/connection.py KafkaConnection._plausible_response takes any offset whose 4 bytes after a "
-        "length (< frame limit) equal a pending correlation id as a response start: after losing the first 2 "
-        "bytes of response 1, the bytes 00 06 00 00 | 00 01 00 00 inside it read as a 393,216-byte response to "
-        "request 65536, which swallows the real response 65536 (reported lost in a gap). Fix: accept a "
-        "candidate only once its frame is buffered and its body decodes with the pending request's api and "
-        "version (status ok, no trailing bytes), waiting (return None) while it is not, up to a bound."
-    ),
-)
 def test_hunt_for_a_response_checks_more_than_its_correlation_id(tmp_path: Path) -> None:
+    """After losing the first 2 bytes of response 1, the bytes 00 06 00 00 | 00 01 00 00 inside it read
+    as a 393,216-byte response to pending request 65536: the hunt must not take that on its correlation id
+    alone (it would swallow the real response 65536), but check the frame decodes as that request's answer."""
     from kafka_frames import heartbeat_v0, heartbeat_v0_response
 
     c = Conversation()
@@ -623,19 +604,11 @@ def test_hunt_for_a_response_checks_more_than_its_correlation_id(tmp_path: Path)
     assert _statuses(c.decode(tmp_path)) == [(1, "truncated"), (65536, "ok")]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "decoder/connection.py looks_like_request accepts a header whose length runs far past the bytes "
-        "buffered, with a 1-byte client id: after losing a Produce request's first 6 bytes, the hunt stops "
-        "inside its body (timeout 30000 read as the length, then Produce v1 and client id 't' from the topic "
-        "name) and waits for 30,000 bytes, swallowing the next request; nothing decodes, and the connection "
-        "is not even recognised as Kafka. Fix: while hunting, accept a candidate only once its whole frame is "
-        "buffered and decodes with status ok and no trailing bytes, else keep scanning (and for a frame longer "
-        "than the buffer, wait up to a bound before trusting the header alone)."
-    ),
-)
 def test_hunt_does_not_stop_inside_a_request_body(tmp_path: Path) -> None:
+    """After losing a Produce request's first 6 bytes, its body holds plausible-looking headers (timeout
+    30000 read as a length, then Produce v1 and client id 't' from the topic name; a Produce v0 inside the
+    record batch): the hunt must accept only a frame that is all there and decodes, so the next request
+    (and with it the connection) is still recognised."""
     from kafka_frames import (
         heartbeat_v0,
         heartbeat_v0_response,
@@ -656,18 +629,10 @@ def test_hunt_does_not_stop_inside_a_request_body(tmp_path: Path) -> None:
     assert _statuses(rows) == [(1, "orphan_response"), (2, "ok")]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "decoder/connection.py KafkaConnection._plausible_response, hunting after a gap while requests are "
-        "pending, accepts only a pending correlation id: a whole response right at the end of the gap whose "
-        "request the capture also lost is skipped without a row, though it is aligned and complete (with "
-        "nothing pending the same frame is kept, as an orphan). Seen in live captures when tcpdump drops "
-        "packets. Fix: at the first offset after a gap, also accept a complete frame followed by a plausible "
-        "next one (or the end of the data) and report it as an orphan."
-    ),
-)
 def test_response_after_a_gap_whose_request_was_lost_is_an_orphan(tmp_path: Path) -> None:
+    """Hunting after a gap while a request is pending: a whole response right at the end of the gap, whose
+    request the capture also lost, is aligned and complete; it is kept as an orphan, not skipped without a
+    row (as tcpdump dropping packets does to live captures)."""
     from kafka_frames import heartbeat_v0, heartbeat_v0_response
 
     c = Conversation()
