@@ -11,9 +11,18 @@ For each path (confluent-kafka, 1 KB records, acks=all):
 1. throughput: produce ``--records`` records as fast as the producer goes, then consume them;
 2. latency at moderate load: ``--rate`` records/s one at a time (linger.ms=0) for
    ``--seconds``; p50/p99 from produce() to the delivery report;
-3. proxy CPU (user+system from /proc) during the throughput phase, per MB/s forwarded.
+3. proxy CPU (user+system from /proc) during the throughput phase, per MB/s forwarded
+   (``proxy cores/(MB/s)``: produce phase only, as before), and CPU milliseconds per MB
+   forwarded over the whole throughput phase (``CPU ms/MB``: produce and consume, both
+   directions counted, plus whatever the proxy still burns once the consumer is done, e.g.
+   a recorder catching up; less sensitive to machine load than throughput).
 
-Usage: ``python bench/proxy_overhead.py [--records 20000] [--rate 300] [--seconds 5]``.
+``--repeat N`` runs the three paths N times, interleaved (direct, kwire, tansu, direct, ...),
+prints every round and then the median of each column: the machine is small (2 cores) and
+shared, so one round says little. ``--modes`` picks paths (``direct`` is always run first,
+as the reference).
+
+Usage: ``python bench/proxy_overhead.py [--records 100000] [--rate 300] [--seconds 5] [--repeat 3]``.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -113,7 +123,9 @@ def throughput(bootstrap: str, topic: str, records: int, pid: int | None) -> dic
     consume_s = time.perf_counter() - (first or time.perf_counter())
     consume_cpu = cpu_seconds(pid) - cpu1
     consumer.close()
+    settled = settle(pid)
     mb = delivered[0] * len(RECORD) / 1e6
+    forwarded_mb = mb + got * len(RECORD) / 1e6
     return {
         "delivered": delivered[0],
         "errors": len(errors),
@@ -124,7 +136,24 @@ def throughput(bootstrap: str, topic: str, records: int, pid: int | None) -> dic
         "proxy_cpu_produce_s": produce_cpu,
         "proxy_cpu_consume_s": consume_cpu,
         "proxy_cores_per_mb_s": (produce_cpu / produce_s) / (mb / produce_s) if pid else 0.0,
+        "proxy_cpu_total_s": settled - cpu0 if pid else 0.0,
+        "proxy_cpu_ms_per_mb": 1e3 * (settled - cpu0) / forwarded_mb if pid and forwarded_mb else 0.0,
     }
+
+
+def settle(pid: int | None, limit: float = 10.0) -> float:
+    """The proxy's CPU seconds once it has stopped working (idle for 0.5 s, at most ``limit`` s)."""
+    if pid is None:
+        return 0.0
+    last = cpu_seconds(pid)
+    deadline = time.perf_counter() + limit
+    while time.perf_counter() < deadline:
+        time.sleep(0.5)
+        now = cpu_seconds(pid)
+        if now - last < 0.02:
+            return now
+        last = now
+    return last
 
 
 def latency(bootstrap: str, topic: str, rate: int, seconds: float) -> dict[str, Any]:
@@ -166,106 +195,147 @@ def latency(bootstrap: str, topic: str, rate: int, seconds: float) -> dict[str, 
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, default=50_000)
-    parser.add_argument("--rate", type=int, default=300, help="records/s in the latency phase")
-    parser.add_argument("--seconds", type=float, default=5.0, help="length of the latency phase")
-    parser.add_argument("--json", type=Path, help="also write the figures here")
-    args = parser.parse_args()
-
-    results: dict[str, Any] = {}
-    workdir = Path(tempfile.mkdtemp(prefix="kwire-bench-"))
-    with TansuBroker() as broker:
-        modes = ["direct", "kwire", "tansu"]
-        for mode in modes:
-            pid = None
-            proxy: Any = None
-            tansu_proc = None
-            if mode == "direct":
-                bootstrap = broker.bootstrap
-            elif mode == "kwire":
-                proxy = ProxyProcess(
-                    [
-                        "--bootstrap",
-                        broker.bootstrap,
-                        "--listen",
-                        "127.0.0.1:0",
-                        "--broker-port-base",
-                        "0",
-                        "-o",
-                        str(workdir / "dataset"),
-                        "--log-level",
-                        "warning",
-                    ]
-                ).start()
-                bootstrap, pid = f"127.0.0.1:{proxy.port}", proxy.proc.pid
-            else:
-                port = free_port()
-                tansu_proc = subprocess.Popen(
-                    [
-                        tansu_binary(),
-                        "proxy",
-                        "--listener-url",
-                        f"tcp://127.0.0.1:{port}",
-                        "--advertised-listener-url",
-                        f"tcp://127.0.0.1:{port}",
-                        "--origin-url",
-                        f"tcp://{broker.bootstrap}",
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                    env={**os.environ, "NO_COLOR": "1"},
-                )
-                time.sleep(1.0)
-                bootstrap, pid = f"127.0.0.1:{port}", tansu_proc.pid
+def run_mode(mode: str, broker: Any, workdir: Path, args: argparse.Namespace, tag: str) -> dict[str, Any]:
+    """One path: start its proxy (if any), run both phases, stop it."""
+    pid = None
+    proxy: Any = None
+    tansu_proc = None
+    result: dict[str, Any] = {}
+    dataset = workdir / f"dataset-{tag}"
+    if mode == "direct":
+        bootstrap = broker.bootstrap
+    elif mode == "kwire":
+        proxy = ProxyProcess(
+            [
+                "--bootstrap",
+                broker.bootstrap,
+                "--listen",
+                "127.0.0.1:0",
+                "--broker-port-base",
+                "0",
+                "-o",
+                str(dataset),
+                "--log-level",
+                "warning",
+            ]
+        ).start()
+        bootstrap, pid = f"127.0.0.1:{proxy.port}", proxy.proc.pid
+    else:
+        port = free_port()
+        tansu_proc = subprocess.Popen(
+            [
+                tansu_binary(),
+                "proxy",
+                "--listener-url",
+                f"tcp://127.0.0.1:{port}",
+                "--advertised-listener-url",
+                f"tcp://127.0.0.1:{port}",
+                "--origin-url",
+                f"tcp://{broker.bootstrap}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "NO_COLOR": "1"},
+        )
+        time.sleep(1.0)
+        bootstrap, pid = f"127.0.0.1:{port}", tansu_proc.pid
+    try:
+        print(f"[{tag}] throughput ({args.records} x 1 KB, acks=all) ...", file=sys.stderr, flush=True)
+        result = throughput(bootstrap, f"bench-{tag}", args.records, pid)
+        print(f"[{tag}] latency at {args.rate}/s for {args.seconds:.0f}s ...", file=sys.stderr, flush=True)
+        result.update(latency(bootstrap, f"bench-lat-{tag}", args.rate, args.seconds))
+    finally:
+        if proxy is not None:
+            result["kwire_exit_code"] = proxy.terminate()
+            rows = 0
             try:
-                print(
-                    f"[{mode}] throughput ({args.records} x 1 KB, acks=all) ...", file=sys.stderr, flush=True
-                )
-                result = throughput(bootstrap, f"bench-{mode}", args.records, pid)
-                print(
-                    f"[{mode}] latency at {args.rate}/s for {args.seconds:.0f}s ...",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                result.update(latency(bootstrap, f"bench-lat-{mode}", args.rate, args.seconds))
-                results[mode] = result
-            finally:
-                if proxy is not None:
-                    result["kwire_exit_code"] = proxy.terminate()
-                    rows = 0
-                    try:
-                        import pyarrow.dataset as ds
+                import pyarrow.dataset as ds
 
-                        rows = ds.dataset(workdir / "dataset" / "exchanges", partitioning="hive").count_rows()
-                    except Exception:
-                        pass
-                    result["rows_recorded"] = rows
-                if tansu_proc is not None:
-                    tansu_proc.terminate()
-                    tansu_proc.wait(10)
-    shutil.rmtree(workdir, ignore_errors=True)
+                rows = ds.dataset(dataset / "exchanges", partitioning="hive").count_rows()
+            except Exception:
+                pass
+            result["rows_recorded"] = rows
+            shutil.rmtree(dataset, ignore_errors=True)
+        if tansu_proc is not None:
+            tansu_proc.terminate()
+            tansu_proc.wait(10)
+    return result
 
+
+HEADER = (
+    f"{'path':8} {'produce MB/s':>12} {'% direct':>9} {'consume MB/s':>12} {'p50 ms':>8} {'p99 ms':>8} "
+    f"{'+p99 ms':>8} {'proxy cores/(MB/s)':>19} {'CPU ms/MB':>10}"
+)
+
+
+def table(results: dict[str, dict[str, Any]]) -> None:
     direct = results["direct"]
-    header = (
-        f"{'path':8} {'produce MB/s':>12} {'% direct':>9} {'consume MB/s':>12} {'p50 ms':>8} {'p99 ms':>8} "
-        f"{'+p99 ms':>8} {'proxy cores/(MB/s)':>19}"
-    )
-    print(header)
+    print(HEADER)
     for mode, r in results.items():
         print(
             f"{mode:8} {r['produce_mb_s']:12.1f} {100 * r['produce_mb_s'] / direct['produce_mb_s']:8.0f}% "
             f"{r['consume_mb_s']:12.1f} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} "
-            f"{r['p99_ms'] - direct['p99_ms']:8.2f} {r['proxy_cores_per_mb_s']:19.4f}"
+            f"{r['p99_ms'] - direct['p99_ms']:8.2f} {r['proxy_cores_per_mb_s']:19.4f} "
+            f"{r['proxy_cpu_ms_per_mb']:10.2f}"
         )
     if "kwire" in results:
         print(
             f"kwire rows recorded: {results['kwire'].get('rows_recorded')}, exit code "
             f"{results['kwire'].get('kwire_exit_code')}"
         )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--rate", type=int, default=300, help="records/s in the latency phase")
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of the latency phase")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds (interleaved); medians are printed")
+    parser.add_argument(
+        "--modes", default="direct,kwire,tansu", help="comma-separated paths (direct always runs)"
+    )
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    modes = ["direct"] + [m for m in args.modes.split(",") if m and m != "direct"]
+    for mode in modes:
+        if mode not in ("direct", "kwire", "tansu"):
+            parser.error(f"unknown mode {mode!r}")
+
+    rounds: list[dict[str, dict[str, Any]]] = []
+    workdir = Path(tempfile.mkdtemp(prefix="kwire-bench-"))
+    try:
+        with TansuBroker() as broker:
+            for i in range(args.repeat):
+                results = {mode: run_mode(mode, broker, workdir, args, f"{mode}-{i}") for mode in modes}
+                rounds.append(results)
+                if args.repeat > 1:
+                    print(f"round {i + 1}/{args.repeat}")
+                    table(results)
+                    sys.stdout.flush()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    if args.repeat > 1:
+        print(f"median of {args.repeat} rounds")
+        medians: dict[str, dict[str, Any]] = {}
+        for mode in modes:
+            medians[mode] = {}
+            for key, value in rounds[0][mode].items():
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    medians[mode][key] = statistics.median(r[mode][key] for r in rounds)
+            # "% direct" of the medians is not the median of the ratios; print the ratios too
+            medians[mode]["pct_direct"] = statistics.median(
+                100 * r[mode]["produce_mb_s"] / r["direct"]["produce_mb_s"] for r in rounds
+            )
+        table(medians)
+        print(
+            "median % direct per round: "
+            + ", ".join(f"{mode} {medians[mode]['pct_direct']:.0f}%" for mode in modes if mode != "direct")
+        )
+    else:
+        table(rounds[0])
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+        args.json.write_text(json.dumps(rounds if args.repeat > 1 else rounds[0], indent=2))
     return 0
 
 

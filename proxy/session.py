@@ -6,7 +6,9 @@ and correlation id tell what the response with that id will be. The broker -> cl
 direction is cut into frames only to read each response's correlation id; a response is
 held whole (and re-encoded) only when its api and version can carry broker addresses
 (``proxy.rewrite``). Everything else goes through as the chunks that came in, written
-without copies (whole chunks, or memoryview slices of them).
+without copies (whole chunks, or memoryview slices of them). A held frame is kept as the
+pieces it arrived in; when a walk over them finds no address to rewrite (a Fetch response
+with no node endpoints, say) the pieces are written as they are, never joined.
 
 Fault rules (``proxy.inject``) make the client -> broker side hold whole request frames of
 the apis they name, to match topics and partitions. An error rule answers such a request
@@ -131,7 +133,7 @@ class Session:
         self.c_delayed: list[Any] | None = None  # chunks held behind a latency rule
         self.c_frame_left = 0
         self.c_head = bytearray()
-        self.c_hold: bytearray | None = None
+        self.c_hold: list[Any] | None = None  # pieces of a request frame held whole
         self.c_hold_left = 0
         self.c_hold_head: RequestHead | None = None
         self.c_blind = False
@@ -139,7 +141,7 @@ class Session:
         # broker -> client
         self.b_frame_left = 0
         self.b_head = bytearray()
-        self.b_hold: bytearray | None = None
+        self.b_hold: list[Any] | None = None  # pieces of a response frame held whole
         self.b_hold_left = 0
         self.b_hold_entry: _Inflight | None = None
         self.b_blind = False
@@ -312,12 +314,12 @@ class Session:
                 continue
             if self.c_hold is not None:
                 take = min(self.c_hold_left, n - pos)
-                self.c_hold += data[pos : pos + take]
+                self.c_hold.append(data if take == n else memoryview(data)[pos : pos + take])
                 pos += take
                 span = pos
                 self.c_hold_left -= take
                 if self.c_hold_left == 0:
-                    frame, head = bytes(self.c_hold), self.c_hold_head
+                    frame, head = b"".join(self.c_hold), self.c_hold_head
                     self.c_hold = self.c_hold_head = None
                     if self._held_request(head, frame):  # processing stops here (delay, close)
                         if self.c_delayed is not None and pos < n:
@@ -347,7 +349,7 @@ class Session:
             if hold:
                 if span < pos:
                     up.write(memoryview(data)[span:pos])
-                self.c_hold = bytearray(held)
+                self.c_hold = [held] if held else []
                 self.c_hold_left = head.size - len(held)
                 self.c_hold_head = head
                 span = pos
@@ -466,6 +468,19 @@ class Session:
         self.metrics.bytes_to_client += len(data)
         self.recorder.data(self.key, 1, data, _time_ns())
 
+    def _pieces_to_client(self, pieces: list[Any]) -> None:
+        """One frame, in the pieces it arrived in (written as they are, never joined)."""
+        size = 0
+        write = self.cl.write
+        for piece in pieces:
+            write(piece)
+            size += len(piece)
+        self.bytes_to_client += size
+        self.metrics.bytes_to_client += size
+        ts = _time_ns()
+        for piece in pieces:
+            self.recorder.data(self.key, 1, piece, ts)
+
     def _match(self, corr: int) -> tuple[_Inflight | None, list[bytes]]:
         """The request a response answers, and injected responses due before it."""
         if corr not in self.inflight_ids:
@@ -523,14 +538,19 @@ class Session:
                 continue
             if self.b_hold is not None:
                 take = min(self.b_hold_left, n - pos)
-                self.b_hold += data[pos : pos + take]
+                self.b_hold.append(data if take == n else memoryview(data)[pos : pos + take])
                 pos += take
                 span = pos
                 self.b_hold_left -= take
                 if not self.b_hold_left:
-                    frame, entry = bytes(self.b_hold), self.b_hold_entry
+                    pieces, entry = self.b_hold, self.b_hold_entry
                     self.b_hold = self.b_hold_entry = None
-                    self._to_client(self._rewritten(frame, entry))
+                    if len(pieces) > 1 and not rewrite.may_carry_endpoints(
+                        pieces, entry.api_key, entry.api_version
+                    ):
+                        self._pieces_to_client(pieces)  # nothing to rewrite: no need to join them
+                    else:
+                        self._to_client(self._rewritten(b"".join(pieces), entry))
                     self._flush_injected()
                 continue
             prefix = None
@@ -567,11 +587,11 @@ class Session:
                 if prefix is None:
                     if span < pos:
                         self._to_client(memoryview(data)[span:pos])
-                    self.b_hold = bytearray()
+                    self.b_hold = []
                     self.b_hold_left = total
                     span = pos
                 else:
-                    self.b_hold = bytearray(prefix)
+                    self.b_hold = [prefix]
                     self.b_hold_left = total - 8
                 self.b_hold_entry = entry
                 continue
