@@ -404,7 +404,7 @@ def run_size(n: int, workdir: Path, master: str, keep: bool) -> dict[str, float]
         )
         for name, (_, sql) in HEADLINES.items():
             t0 = time.perf_counter()
-            rows = con.execute(sql).to_arrow_table().to_pylist()
+            rows = con.sql(sql).to_arrow_table().to_pylist()
             duck_q[name] = (time.perf_counter() - t0, len(rows))
     print(f"  {'headline query':32s} {'spark s':>8s} {'rows':>6s} {'duckdb s':>9s} {'rows':>6s}")
     for name in HEADLINES:

@@ -15,13 +15,14 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
-from decoder.protocol import ERRORS
+from decoder.protocol import API_NAMES, ERRORS
 from kwire.schema import CONNECTIONS_SCHEMA, EXCHANGES_SCHEMA
 
 __all__ = [
     "CLIENT_COLUMNS",
     "ERROR_NAMES",
     "Tables",
+    "api_name",
     "attach_software",
     "client_key",
     "client_software",
@@ -30,6 +31,8 @@ __all__ = [
     "error_name",
     "event_time",
     "exchanges_spark_schema",
+    "histogram_quantiles",
+    "latency_histogram",
     "load_tables",
     "micros_between",
     "next_time_after",
@@ -187,10 +190,14 @@ def with_window_end(df: DataFrame, exchanges: DataFrame, name: str = "window_end
     return df.crossJoin(F.broadcast(end))
 
 
-def partition_results(exchanges: DataFrame) -> DataFrame:
+def partition_results(exchanges: DataFrame, codes: list[int] | None = None) -> DataFrame:
     """One row per entry of ``partition_errors`` (error code 0 included), with the exchange's
-    client key, broker, api, times; ``topic`` falls back to the topic id, ``partition`` to -1."""
-    return (
+    client key, broker, api, times; ``topic`` falls back to the topic id, ``partition`` to -1.
+    ``codes``: only the entries with one of these error codes (the exchanges without any are
+    skipped before their lists are exploded: most have none)."""
+    if codes is not None:
+        exchanges = exchanges.where(F.exists("partition_errors", lambda p: p["error_code"].isin(codes)))
+    results = (
         exchanges.where(F.size("partition_errors") > 0)
         .select(
             client_key().alias("client_key"),
@@ -215,6 +222,7 @@ def partition_results(exchanges: DataFrame) -> DataFrame:
         )
         .drop("pe")
     )
+    return results if codes is None else results.where(F.col("error_code").isin(codes))
 
 
 def next_time_after(
@@ -249,13 +257,64 @@ def next_time_after(
     )
 
 
+def _lookup(table: dict[int, str], code: Column) -> Column:
+    return F.create_map(*[x for k, v in table.items() for x in (F.lit(k), F.lit(v))])[code.cast("int")]
+
+
 def error_name(code: Column) -> Column:
     """Name of an error code column, as the decoder names it (``UNKNOWN_CODE_<n>`` if undefined)."""
-    mapping = F.create_map(*[x for k, v in ERROR_NAMES.items() for x in (F.lit(k), F.lit(v))])
-    return F.coalesce(mapping[code.cast("int")], F.concat(F.lit("UNKNOWN_CODE_"), code.cast("string")))
+    return F.coalesce(_lookup(ERROR_NAMES, code), F.concat(F.lit("UNKNOWN_CODE_"), code.cast("string")))
+
+
+def api_name(key: Column) -> Column:
+    """Kafka's name for an api key column (null for a key Kafka never defined)."""
+    return _lookup(API_NAMES, key)
 
 
 def ordered(df: DataFrame, *cols: str | Column) -> DataFrame:
     """A small result as one sorted partition: one shuffle, no range sampling (``orderBy``
     would compute the whole plan twice to sample it)."""
     return df.repartition(1).sortWithinPartitions(*cols)
+
+
+#: Latency histogram buckets per doubling: 2 ** (1 / 35) = 1.0200, so one bucket spans 2%.
+_BUCKETS_PER_DOUBLING = 35
+
+
+def latency_histogram(rows: DataFrame, keys: list[str], value: str = "latency_us") -> DataFrame:
+    """Per ``keys`` and log-scale bucket of ``value`` (2% wide): the count (``_n``) and the
+    largest value in the bucket (``_max``). One hash aggregate over the rows, however many,
+    whose small result :func:`histogram_quantiles` turns into percentiles at any coarser grain."""
+    v = F.greatest(F.col(value).cast("double"), F.lit(0.0))
+    bucket = F.floor(F.log2(v + 1.0) * _BUCKETS_PER_DOUBLING).cast("int")
+    return rows.groupBy(*keys, bucket.alias("_bucket")).agg(
+        F.count(F.lit(1)).alias("_n"), F.max(value).alias("_max")
+    )
+
+
+def histogram_quantiles(
+    histogram: DataFrame, keys: list[str], quantiles: dict[str, float], *, scale: float = 1.0
+) -> DataFrame:
+    """Per ``keys``: ``requests``, ``max`` and each named quantile of a :func:`latency_histogram`
+    (merged over its other keys), times ``scale``. A quantile is the largest value seen in the
+    bucket holding its rank (the smallest value with at least that share of values at or below
+    it, as ``percentile_approx``): within 2% of the exact value, exact when the bucket holds one
+    distinct value. Keep ``keys`` few and numeric where possible: the histogram's size, not the
+    row count, is what costs."""
+    merged = histogram.groupBy(*keys, "_bucket").agg(F.sum("_n").alias("_n"), F.max("_max").alias("_max"))
+    upto = (
+        Window.partitionBy(*keys).orderBy("_bucket").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    )
+    ranked = merged.withColumn("_cum", F.sum("_n").over(upto)).withColumn(
+        "_total", F.sum("_n").over(Window.partitionBy(*keys))
+    )
+    # _max grows with the bucket, so the first bucket reaching the rank has the smallest _max
+    at_rank = {
+        name: F.min(F.when(F.col("_cum") >= q * F.col("_total"), F.col("_max"))) * scale
+        for name, q in quantiles.items()
+    }
+    return ranked.groupBy(*keys).agg(
+        F.sum("_n").alias("requests"),
+        *[col.alias(name) for name, col in at_rank.items()],
+        (F.max("_max") * scale).alias("max"),
+    )

@@ -83,9 +83,8 @@ def error_reaction(
     max_requests_before_refresh: int = 2,
 ) -> DataFrame:
     """One row per watched partition error a client saw, with its reaction (see module doc)."""
-    results = partition_results(exchanges)
     errors = (
-        results.where(F.col("error_code").isin(list(watched)))
+        partition_results(exchanges, list(watched))
         .withColumn("error_time", F.coalesce("response_time", "request_time"))
         .withColumn("error_id", F.monotonically_increasing_id())
         .select("error_id", *_BTP, "client_id", "client_ip", "api_name", "error_code", "error_time")
@@ -102,11 +101,16 @@ def error_reaction(
         .agg(F.min("error_time").alias("_first_err"), F.max("error_time").alias("_last_err"))
         .cache()
     )
-    ok = (
-        results.where(F.col("error_code") == 0)
-        .select(*_TP, F.coalesce("response_time", "request_time").alias("ok_time"))
+    # One pass over all partition results keeps those of the partitions that had errors, from
+    # their first error on: the successes and the requests below both come from these.
+    touched = (
+        partition_results(exchanges)
         .join(F.broadcast(spans), _TP)
-        .where(F.col("ok_time") > F.col("_first_err"))
+        .where(F.coalesce("response_time", "request_time") > F.col("_first_err"))
+        .select(*_BTP, "request_time", "response_time", "error_code", "_last_err")
+    )
+    ok = touched.where(F.col("error_code") == 0).select(
+        *_TP, F.coalesce("response_time", "request_time").alias("ok_time"), "_last_err"
     )
     successes = (
         ok.where(F.col("ok_time") <= F.col("_last_err"))
@@ -126,7 +130,7 @@ def error_reaction(
     # acks=0) those naming its topic, fanned out to the partitions that had errors.
     in_play = errors.groupBy(*_BTP).agg(F.min("error_time").alias("_from"))
     listed = (
-        results.select(*_BTP, "request_time")
+        touched.select(*_BTP, "request_time")
         .join(F.broadcast(in_play), _BTP)
         .where(F.col("request_time") > F.col("_from"))
         .select(*_BTP, "request_time")

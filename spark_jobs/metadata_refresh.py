@@ -158,8 +158,7 @@ def stale_windows(exchanges: DataFrame) -> DataFrame:
         )
     )
     from_errors = (
-        partition_results(exchanges)
-        .where(F.col("error_code").isin(6, 56))
+        partition_results(exchanges, [6, 56])
         .select(
             "client_key",
             "topic",

@@ -11,7 +11,14 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from spark_jobs.common import client_key, error_name, ordered
+from spark_jobs.common import (
+    api_name,
+    client_key,
+    error_name,
+    histogram_quantiles,
+    latency_histogram,
+    ordered,
+)
 
 __all__ = ["error_timeline", "latency_timeline", "run"]
 
@@ -22,15 +29,18 @@ def _bucket(col: str, bucket_s: int) -> F.Column:
 
 def latency_timeline(exchanges: DataFrame, *, bucket_s: int = 60) -> DataFrame:
     ok = exchanges.where((F.col("status") == "ok") & F.col("latency_us").isNotNull())
-    return (
-        ok.select(_bucket("request_time", bucket_s), "api_name", (F.col("latency_us") / 1000.0).alias("ms"))
-        .groupBy("bucket", "api_name")
-        .agg(
-            F.count(F.lit(1)).alias("requests"),
-            F.percentile_approx("ms", 0.5, 1000).alias("p50_ms"),
-            F.percentile_approx("ms", 0.99, 1000).alias("p99_ms"),
-            F.max("ms").alias("max_ms"),
-        )
+    per_bucket = ok.select(_bucket("request_time", bucket_s), "api_key", "latency_us")
+    keys = ["bucket", "api_key"]
+    stats = histogram_quantiles(
+        latency_histogram(per_bucket, keys), keys, {"p50_ms": 0.5, "p99_ms": 0.99}, scale=1e-3
+    )
+    return stats.select(
+        "bucket",
+        api_name(F.col("api_key")).alias("api_name"),
+        "requests",
+        "p50_ms",
+        "p99_ms",
+        F.col("max").alias("max_ms"),
     )
 
 
