@@ -23,26 +23,25 @@ _FETCH = 1
 _RESOURCE_ROLES = ("resource", "group_id", "transactional_id", "coordinator_key", "member_id")
 
 
-def _children(node: dict[str, Any]):
-    """Child structs of a node (values that are dicts or lists of dicts)."""
-    for value in node.values():
-        if isinstance(value, dict):
-            yield value
-        elif isinstance(value, list) and value and isinstance(value[0], dict):
-            yield from value
-
-
 def _walk(node: dict[str, Any], topic: str | None, topic_id: str | None, visit, depth: int = 0) -> None:
     """Depth-first walk handing each struct its enclosing topic name and topic id."""
     own_topic = node.get("topic")
-    if isinstance(own_topic, str):
+    if type(own_topic) is str:
         topic = own_topic
     own_id = node.get("topic_id")
-    if isinstance(own_id, str):
+    if type(own_id) is str:
         topic_id = own_id
     visit(node, topic, topic_id, depth)
-    for child in _children(node):
-        _walk(child, topic, topic_id, visit, depth + 1)
+    depth += 1
+    # child structs: values that are dicts or lists of dicts (exact types: the layouts build
+    # plain dicts and lists, and this runs for every struct of every frame)
+    for value in node.values():
+        kind = type(value)
+        if kind is dict:
+            _walk(value, topic, topic_id, visit, depth)
+        elif kind is list and value and type(value[0]) is dict:
+            for child in value:
+                _walk(child, topic, topic_id, visit, depth)
 
 
 def _strings(value: Any) -> list[str]:

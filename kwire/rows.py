@@ -8,6 +8,7 @@ row; ``RequestReceived`` only updates what the connection knows (its client soft
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,11 +44,25 @@ class ConnectionInfo:
     broker_port: int | None
 
 
+_DAY_NS = 86_400 * 1_000_000_000
+
+
 def utc_date(ts_ns: int | None) -> str:
     """YYYY-MM-DD (UTC) of a nanosecond timestamp; the dataset's partition value."""
-    if ts_ns is None:
-        return "1970-01-01"
-    return dt.datetime.fromtimestamp(ts_ns / 1e9, dt.UTC).strftime("%Y-%m-%d")
+    return _day_name(0 if ts_ns is None else ts_ns // _DAY_NS)
+
+
+@functools.lru_cache(maxsize=4096)
+def _day_name(day: int) -> str:
+    # one date formatting per day seen, not per row; a capture's timestamps can be anything,
+    # so days outside what a date can hold are clamped rather than raising
+    try:
+        return (_EPOCH + dt.timedelta(days=day)).isoformat()
+    except OverflowError:
+        return dt.date.max.isoformat() if day > 0 else dt.date.min.isoformat()
+
+
+_EPOCH = dt.date(1970, 1, 1)
 
 
 def _us(ts_ns: int | None) -> int | None:
