@@ -5,13 +5,17 @@ The compiled layouts hand back nested dicts whose leaf keys are roles ("error_co
 types. Everything here works on roles, never on a particular API's layout, so a new API or
 version is covered as soon as the table has it. Which roles feed which column is the only
 knowledge written here.
+
+This runs for every frame a decode sees, so the walks are written for speed: one recursive
+function per direction, exact type checks (the layouts build plain dicts, lists and tuples),
+and no per-node callbacks.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from decoder.records import codec_names
+from decoder.records import CODECS, codec_names
 
 __all__ = ["exchange_values", "request_values", "response_values"]
 
@@ -21,120 +25,177 @@ _API_VERSIONS = 18
 _DESCRIBE_CLUSTER = 60
 _FETCH = 1
 _RESOURCE_ROLES = ("resource", "group_id", "transactional_id", "coordinator_key", "member_id")
+_CODEC_NAMES = tuple(codec_names(mask) for mask in range(1 << len(CODECS)))
+_REQUEST_INTS = ("acks", "timeout_ms", "generation_id")
+_REQUEST_STRS = (
+    "transactional_id",
+    "member_id",
+    "client_software_name",
+    "client_software_version",
+    "sasl_mechanism",
+)
 
 
-def _walk(node: dict[str, Any], topic: str | None, topic_id: str | None, visit, depth: int = 0) -> None:
-    """Depth-first walk handing each struct its enclosing topic name and topic id."""
-    own_topic = node.get("topic")
-    if type(own_topic) is str:
-        topic = own_topic
-    own_id = node.get("topic_id")
-    if type(own_id) is str:
-        topic_id = own_id
-    visit(node, topic, topic_id, depth)
-    depth += 1
-    # child structs: values that are dicts or lists of dicts (exact types: the layouts build
-    # plain dicts and lists, and this runs for every struct of every frame)
-    for value in node.values():
-        kind = type(value)
-        if kind is dict:
-            _walk(value, topic, topic_id, visit, depth)
-        elif kind is list and value and type(value[0]) is dict:
-            for child in value:
-                _walk(child, topic, topic_id, visit, depth)
-
-
-def _strings(value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list):
-        return [v for v in value if isinstance(v, str)]
-    return []
+def _add_strings(found: list[str], value: Any) -> None:
+    """Append the string(s) in ``value`` not already in ``found``."""
+    if type(value) is str:
+        if value not in found:
+            found.append(value)
+    elif type(value) is list:
+        for item in value:
+            if type(item) is str and item not in found:
+                found.append(item)
 
 
 def _root_str(fields: dict[str, Any], role: str) -> str | None:
     value = fields.get(role)
-    if isinstance(value, list):
-        return ",".join(v for v in value if isinstance(v, str)) or None
-    return value if isinstance(value, str) else None
+    if type(value) is list:
+        return ",".join(v for v in value if type(v) is str) or None
+    return value if type(value) is str else None
 
 
 def _root_int(fields: dict[str, Any], role: str) -> int | None:
     value = fields.get(role)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return value if type(value) is int else None  # not bool: type() is exact
+
+
+def _child_structs(node: dict[str, Any]) -> list[dict[str, Any]]:
+    """The structs directly below a node (values that are dicts or lists of dicts), in order."""
+    children: list[dict[str, Any]] = []
+    for value in node.values():
+        kind = type(value)
+        if kind is dict:
+            children.append(value)
+        elif kind is list and value and type(value[0]) is dict:
+            children.extend(value)
+    return children
+
+
+class _RequestScan:
+    """What a request's structs name: topics, topic ids, groups, and its records' summary."""
+
+    __slots__ = ("batches", "codecs", "groups", "has_records", "records", "topic_ids", "topics")
+
+    def __init__(self) -> None:
+        self.topics: list[str] = []
+        self.topic_ids: list[str] = []
+        self.groups: list[str] = []
+        self.batches = self.records = self.codecs = 0
+        self.has_records = False
+
+    def scan(self, node: dict[str, Any]) -> None:
+        """Depth first: the node's own roles, then its children."""
+        value = node.get("topic")
+        if value is not None:
+            _add_strings(self.topics, value)
+        value = node.get("topic_id")
+        if value is not None:
+            _add_strings(self.topic_ids, value)
+        value = node.get("group_id")
+        if value is not None:
+            _add_strings(self.groups, value)
+        if "records" in node:
+            self.has_records = True
+            summary = node["records"]
+            if type(summary) is tuple:
+                self.batches += summary[0]
+                self.records += summary[1]
+                self.codecs |= summary[2]
+        for value in node.values():
+            kind = type(value)
+            if kind is dict:
+                self.scan(value)
+            elif kind is list and value and type(value[0]) is dict:
+                for child in value:
+                    self.scan(child)
 
 
 def request_values(api_key: int, fields: dict[str, Any] | None) -> dict[str, Any]:
     """Row values read from a request body."""
     if not fields:
         return {}
-    topics: list[str] = []
-    topic_ids: list[str] = []
-    groups: list[str] = []
-    batches = records = codecs = 0
-    has_records = False
-
-    def visit(node: dict[str, Any], _topic: str | None, _topic_id: str | None, _depth: int) -> None:
-        nonlocal batches, records, codecs, has_records
-        for name in _strings(node.get("topic")):
-            if name not in topics:
-                topics.append(name)
-        for tid in _strings(node.get("topic_id")):
-            if tid not in topic_ids:
-                topic_ids.append(tid)
-        for group in _strings(node.get("group_id")):
-            if group not in groups:
-                groups.append(group)
-        summary = node.get("records")
-        if isinstance(summary, tuple):
-            has_records = True
-            batches += summary[0]
-            records += summary[1]
-            codecs |= summary[2]
-        elif "records" in node:
-            has_records = True
-
-    _walk(fields, None, None, visit)
-    values: dict[str, Any] = {
-        "topics": topics or topic_ids or None,
-        "acks": _root_int(fields, "acks"),
-        "timeout_ms": _root_int(fields, "timeout_ms"),
-        "transactional_id": _root_str(fields, "transactional_id"),
-        "group_id": ",".join(groups) or None,  # batched group APIs (OffsetFetch v8+) name several
-        "member_id": _root_str(fields, "member_id"),
-        "generation_id": _root_int(fields, "generation_id"),
-        "client_software_name": _root_str(fields, "client_software_name"),
-        "client_software_version": _root_str(fields, "client_software_version"),
-        "sasl_mechanism": _root_str(fields, "sasl_mechanism"),
-    }
-    if has_records:
-        values.update(record_batches=batches, records=records, compression=codec_names(codecs))
+    found = _RequestScan()
+    found.scan(fields)
+    values: dict[str, Any] = {}
+    topics = found.topics or found.topic_ids
+    if topics:
+        values["topics"] = topics
+    for role in _REQUEST_INTS:
+        value = fields.get(role)
+        if type(value) is int:
+            values[role] = value
+    for role in _REQUEST_STRS:
+        if fields.get(role) is not None:
+            value = _root_str(fields, role)
+            if value is not None:
+                values[role] = value
+    if found.groups:
+        values["group_id"] = ",".join(found.groups)  # batched group APIs (OffsetFetch v8+) name several
+    if found.has_records:
+        values["record_batches"] = found.batches
+        values["records"] = found.records
+        if found.codecs:
+            values["compression"] = _CODEC_NAMES[found.codecs]
     if api_key == _FIND_COORDINATOR:
-        values["coordinator_key"] = _root_str(fields, "coordinator_key")
-        values["coordinator_key_type"] = _root_int(fields, "coordinator_key_type")
-    return {k: v for k, v in values.items() if v is not None}
+        key = _root_str(fields, "coordinator_key")
+        if key is not None:
+            values["coordinator_key"] = key
+        key_type = _root_int(fields, "coordinator_key_type")
+        if key_type is not None:
+            values["coordinator_key_type"] = key_type
+    return values
 
 
-def response_values(api_key: int, fields: dict[str, Any] | None) -> dict[str, Any]:
-    """Row values read from a response body."""
-    if not fields:
-        return {}
-    results: list[dict[str, Any]] = []
-    brokers: list[dict[str, Any]] = []
-    meta_partitions: list[dict[str, Any]] = []
-    fetch_partitions: list[dict[str, Any]] = []
-    coordinators: list[dict[str, Any]] = []
-    api_versions: list[dict[str, Any]] = []
-    fetched_records = 0
+class _ResponseScan:
+    """What a response's structs below the top level carry, each with its enclosing topic."""
 
-    def visit(node: dict[str, Any], topic: str | None, topic_id: str | None, depth: int) -> None:
-        nonlocal fetched_records
-        if depth == 0:
-            return
+    __slots__ = (
+        "api_key",
+        "api_versions",
+        "brokers",
+        "coordinators",
+        "fetch_partitions",
+        "fetched_records",
+        "meta_partitions",
+        "results",
+    )
+
+    def __init__(self, api_key: int) -> None:
+        self.api_key = api_key
+        self.results: list[dict[str, Any]] = []
+        self.brokers: list[dict[str, Any]] = []
+        self.meta_partitions: list[dict[str, Any]] = []
+        self.fetch_partitions: list[dict[str, Any]] = []
+        self.coordinators: list[dict[str, Any]] = []
+        self.api_versions: list[dict[str, Any]] = []
+        self.fetched_records = 0
+
+    def scan_below(self, root: dict[str, Any]) -> None:
+        """Scan the structs below the top level (its own fields are read by name)."""
+        topic = root.get("topic")
+        topic_id = root.get("topic_id")
+        topic = topic if type(topic) is str else None
+        topic_id = topic_id if type(topic_id) is str else None
+        for child in _child_structs(root):
+            self.scan(child, topic, topic_id)
+
+    def scan(self, node: dict[str, Any], topic: str | None, topic_id: str | None) -> None:
+        """Depth first: the node's own roles, then its children, which inherit its topic."""
+        own = node.get("topic")
+        if type(own) is str:
+            topic = own
+        own = node.get("topic_id")
+        if type(own) is str:
+            topic_id = own
         code = node.get("error_code")
-        if isinstance(code, int):
-            resource = next((node[r] for r in _RESOURCE_ROLES if isinstance(node.get(r), str)), None)
-            results.append(
+        if type(code) is int:
+            resource = None
+            for role in _RESOURCE_ROLES:
+                value = node.get(role)
+                if type(value) is str:
+                    resource = value
+                    break
+            self.results.append(
                 {
                     "topic": topic,
                     "topic_id": topic_id,
@@ -144,79 +205,110 @@ def response_values(api_key: int, fields: dict[str, Any] | None) -> dict[str, An
                 }
             )
         if "host" in node and "port" in node:
-            entry = {
-                "node_id": node.get("node_id"),
-                "host": node.get("host"),
-                "port": node.get("port"),
-                "rack": node.get("rack"),
-            }
-            if api_key == _FIND_COORDINATOR:
-                coordinators.append(
+            self._endpoint(node)
+        api_key = self.api_key
+        if api_key == _METADATA:
+            if "leader" in node:
+                self.meta_partitions.append(
                     {
-                        "key": node.get("coordinator_key"),
-                        "node_id": entry["node_id"],
-                        "host": entry["host"],
-                        "port": entry["port"],
+                        "topic": topic,
+                        "topic_id": topic_id,
+                        "partition": node.get("partition"),
                         "error_code": node.get("error_code"),
+                        "leader": node.get("leader"),
+                        "leader_epoch": node.get("leader_epoch"),
+                        "replicas": node.get("replicas"),
+                        "isr": node.get("isr"),
                     }
                 )
-            else:
-                brokers.append(entry)
-        if api_key == _METADATA and "leader" in node:
-            meta_partitions.append(
-                {
-                    "topic": topic,
-                    "topic_id": topic_id,
-                    "partition": node.get("partition"),
-                    "error_code": node.get("error_code"),
-                    "leader": node.get("leader"),
-                    "leader_epoch": node.get("leader_epoch"),
-                    "replicas": node.get("replicas"),
-                    "isr": node.get("isr"),
-                }
-            )
-        if api_key == _FETCH and "high_watermark" in node:
-            summary = node.get("records")
-            batches, count = (summary[0], summary[1]) if isinstance(summary, tuple) else (0, 0)
-            fetched_records += count
-            fetch_partitions.append(
-                {
-                    "topic": topic,
-                    "topic_id": topic_id,
-                    "partition": node.get("partition"),
-                    "high_watermark": node.get("high_watermark"),
-                    "record_batches": batches,
-                    "records": count,
-                }
-            )
-        if api_key == _API_VERSIONS and "api_key" in node:
-            api_versions.append(
+        elif api_key == _FETCH:
+            if "high_watermark" in node:
+                summary = node.get("records")
+                batches, count = (summary[0], summary[1]) if type(summary) is tuple else (0, 0)
+                self.fetched_records += count
+                self.fetch_partitions.append(
+                    {
+                        "topic": topic,
+                        "topic_id": topic_id,
+                        "partition": node.get("partition"),
+                        "high_watermark": node.get("high_watermark"),
+                        "record_batches": batches,
+                        "records": count,
+                    }
+                )
+        elif api_key == _API_VERSIONS and "api_key" in node:
+            self.api_versions.append(
                 {
                     "api_key": node.get("api_key"),
                     "min_version": node.get("min_version"),
                     "max_version": node.get("max_version"),
                 }
             )
+        for value in node.values():
+            kind = type(value)
+            if kind is dict:
+                self.scan(value, topic, topic_id)
+            elif kind is list and value and type(value[0]) is dict:
+                for child in value:
+                    self.scan(child, topic, topic_id)
 
-    _walk(fields, None, None, visit)
-    values: dict[str, Any] = {
-        "error_code": _root_int(fields, "error_code"),
-        "throttle_time_ms": _root_int(fields, "throttle_time_ms"),
-        "partition_errors": results or None,
-        "member_id": _root_str(fields, "member_id"),
-        "generation_id": _root_int(fields, "generation_id"),
-    }
+    def _endpoint(self, node: dict[str, Any]) -> None:
+        """A broker endpoint (Metadata, DescribeCluster, node endpoints) or a coordinator."""
+        if self.api_key == _FIND_COORDINATOR:
+            self.coordinators.append(
+                {
+                    "key": node.get("coordinator_key"),
+                    "node_id": node.get("node_id"),
+                    "host": node.get("host"),
+                    "port": node.get("port"),
+                    "error_code": node.get("error_code"),
+                }
+            )
+        else:
+            self.brokers.append(
+                {
+                    "node_id": node.get("node_id"),
+                    "host": node.get("host"),
+                    "port": node.get("port"),
+                    "rack": node.get("rack"),
+                }
+            )
+
+
+def response_values(api_key: int, fields: dict[str, Any] | None) -> dict[str, Any]:
+    """Row values read from a response body."""
+    if not fields:
+        return {}
+    found = _ResponseScan(api_key)
+    found.scan_below(fields)
+    values: dict[str, Any] = {}
+    for role in ("error_code", "throttle_time_ms"):
+        value = fields.get(role)
+        if type(value) is int:
+            values[role] = value
+    if found.results:
+        values["partition_errors"] = found.results
+    if fields.get("member_id") is not None:
+        member_id = _root_str(fields, "member_id")
+        if member_id is not None:
+            values["member_id"] = member_id
+    generation_id = fields.get("generation_id")
+    if type(generation_id) is int:
+        values["generation_id"] = generation_id
     if api_key in (_METADATA, _DESCRIBE_CLUSTER):
-        values["metadata_brokers"] = brokers
-        values["metadata_controller_id"] = _root_int(fields, "controller_id")
-    if api_key == _METADATA:
-        values["metadata_partitions"] = meta_partitions
-    if api_key == _FETCH:
-        values["fetch_partitions"] = fetch_partitions
-        values["records"] = fetched_records
-    if api_key == _API_VERSIONS:
-        values["api_versions"] = api_versions
-    if api_key == _FIND_COORDINATOR:
+        values["metadata_brokers"] = found.brokers
+        controller_id = _root_int(fields, "controller_id")
+        if controller_id is not None:
+            values["metadata_controller_id"] = controller_id
+        if api_key == _METADATA:
+            values["metadata_partitions"] = found.meta_partitions
+    elif api_key == _FETCH:
+        values["fetch_partitions"] = found.fetch_partitions
+        values["records"] = found.fetched_records
+    elif api_key == _API_VERSIONS:
+        values["api_versions"] = found.api_versions
+    elif api_key == _FIND_COORDINATOR:
+        coordinators = found.coordinators
         if "host" in fields:  # v0-3: one coordinator at the top level
             coordinators.insert(
                 0,
@@ -229,8 +321,9 @@ def response_values(api_key: int, fields: dict[str, Any] | None) -> dict[str, An
                 },
             )
         values["coordinators"] = coordinators
-        values["coordinator_node"] = coordinators[0]["node_id"] if coordinators else None
-    return {k: v for k, v in values.items() if v is not None}
+        if coordinators and coordinators[0]["node_id"] is not None:
+            values["coordinator_node"] = coordinators[0]["node_id"]
+    return values
 
 
 def exchange_values(
@@ -238,10 +331,12 @@ def exchange_values(
 ) -> dict[str, Any]:
     """Request values, overlaid by response values where the response knows better."""
     values = request_values(api_key, request_fields)
+    if not response_fields:
+        return values
     for key, value in response_values(api_key, response_fields).items():
-        if key in ("member_id", "generation_id") and key in values:
-            continue  # the request's own ids win; the response's fill in (JoinGroup assigns them)
-        if key == "records" and "records" in values:
+        if key in values and (key == "member_id" or key == "generation_id" or key == "records"):
+            # the request's own ids win, the response's fill in (JoinGroup assigns them); a
+            # Produce request's record count is the one the row keeps
             continue
         values[key] = value
     return values

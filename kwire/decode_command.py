@@ -42,13 +42,13 @@ from decoder.pcap import (
 )
 from decoder.tcp import TcpReassembler
 from kwire.pipeline import DecodeSummary, Row, StreamDecoder
+from kwire.shards import ConnectionShards
 
 __all__ = ["DecodeResult", "decode", "decode_captures", "source_name"]
 
 #: Exit codes of ``kwire decode``.
 EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 2, 130
 _PROGRESS_EVERY = 4096  # segments between progress callbacks
-_MIX = 0x9E3779B1  # 2**32 / golden ratio
 _DATASET_PARTS = {"exchanges", "connections"}
 
 
@@ -82,8 +82,8 @@ def decode_captures(
     connections are closed as ``open_at_end``, and the error is returned in the result (so is
     an I/O error reading a file). Errors raised by the callbacks propagate.
 
-    ``shard=(k, n)`` decodes only the connections whose ports fall in part k of n (see
-    ``shard_of``); the n parts together give exactly the rows of the whole.
+    ``shard=(k, n)`` decodes only the connections of part k of n (see ``kwire.shards``); the n
+    parts together give exactly the rows of the whole.
     """
     capture = CaptureStats()
     reassembler = TcpReassembler()
@@ -96,12 +96,13 @@ def decode_captures(
     error: CaptureError | None = None
     segments = _read_errors_as_damage(iter_segments_merged(paths, capture), source_name(paths))
     part, parts = shard or (0, 1)
+    shards = ConnectionShards(parts) if parts > 1 else None
     try:
         for count, segment in enumerate(segments, 1):
             ts = segment.ts_ns
             if ts > last_ts:
                 last_ts = ts
-            if parts == 1 or ((segment.src_port ^ segment.dst_port) * _MIX >> 16 & 0xFFFF) % parts == part:
+            if shards is None or shards.part_of(segment) == part:
                 for event in rfeed(segment):
                     feed(event)
             if progress is not None and count % _PROGRESS_EVERY == 0:
@@ -113,14 +114,6 @@ def decode_captures(
     if progress is not None:
         progress(capture)
     return DecodeResult(streams.summary, capture, error)
-
-
-def shard_of(port_a: int, port_b: int, parts: int) -> int:
-    """The part a connection between these two ports belongs to: the same for both directions and
-    for every packet of the connection, so each part holds whole connections. The ports are mixed
-    (Fibonacci hashing) first: Linux gives outgoing connections even ports, so plain parity would
-    put every client of a broker in the same part."""
-    return ((port_a ^ port_b) * _MIX >> 16 & 0xFFFF) % parts
 
 
 def _read_errors_as_damage(segments: Iterator[TcpSegment], name: str) -> Iterator[TcpSegment]:
@@ -376,7 +369,7 @@ def _decode_in_parts(
     frame_limit: int,
     progress: Callable[[int], None] | None,
 ) -> _Part:
-    """Decode with `parts` worker processes, each taking the connections of one part (``shard_of``)
+    """Decode with `parts` worker processes, each taking the connections of one part (``kwire.shards``)
     and writing its own Parquet files; merge what they counted. Every worker reads the whole capture
     (reading is a small share of the work) and decodes only its part."""
     import multiprocessing

@@ -14,8 +14,9 @@ import pytest
 from kafka_frames import api_versions_v0, api_versions_v0_response, heartbeat_v0, heartbeat_v0_response
 from test_decode_reassembly import _HEADER, Conversation, write
 
-from kwire.decode_command import decode_captures, shard_of
+from kwire.decode_command import decode_captures
 from kwire.pipeline import SNIFF_LIMIT
+from kwire.shards import shard_of
 
 # An ApiVersions v0 response whose api list holds "00 00 00 0c 00 07 00 00 ...": read as a request
 # that is a well-formed ControlledShutdown v0 (12 bytes, header v0, no client id). Real brokers
