@@ -375,6 +375,8 @@ def _decode_in_parts(
     import multiprocessing
     from multiprocessing.connection import wait
 
+    import kwire.dataset  # noqa: F401  (imported once here, not again in every worker)
+
     context = multiprocessing.get_context("fork")
     stop = context.Event()
     progress_bytes = context.Value("q", 0, lock=False)

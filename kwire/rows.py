@@ -165,8 +165,8 @@ class ExchangeRows:
         start_ns = request.start_ns if request else None
         end_ns = response.end_ns if response else None
         row = self._base(start_ns, end_ns, request, response)
-        row["request_time"] = _us(start_ns)
-        row["response_time"] = _us(end_ns)
+        row["request_time"] = None if start_ns is None else start_ns // 1000
+        row["response_time"] = None if end_ns is None else end_ns // 1000
         if start_ns is not None and end_ns is not None:
             row["latency_us"] = (end_ns - start_ns) // 1000
         row["status"] = status
@@ -176,18 +176,17 @@ class ExchangeRows:
             row["correlation_id"] = response.correlation_id
         if request is None:
             return row
-        row.update(
-            api_key=request.api_key,
-            api_name=protocol.api_name(request.api_key),
-            api_version=request.api_version,
-            request_header_version=request.header_version,
-            correlation_id=request.correlation_id,
-            client_id=request.client_id,
-            request_size=request.size,
-        )
+        api_key = request.api_key
+        row["api_key"] = api_key
+        row["api_name"] = protocol.api_name(api_key)
+        row["api_version"] = request.api_version
+        row["request_header_version"] = request.header_version
+        row["correlation_id"] = request.correlation_id
+        row["client_id"] = request.client_id
+        row["request_size"] = request.size
         row.update(
             exchange_values(
-                request.api_key,
+                api_key,
                 request.fields if request_body else None,
                 response.fields if response else None,
             )
