@@ -27,6 +27,7 @@ bytes. Hunting never emits a frame it has not checked, so garbage is never decod
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import struct
 from collections import OrderedDict, deque
@@ -51,6 +52,7 @@ from decoder.events import (
 from decoder.fastclass import fast_constructor
 from decoder.primitives import Malformed, read_uvarint
 from decoder.receivebuffer import ReceiveBuffer
+from decoder.skeleton import has_records, skeleton
 
 __all__ = ["DEFAULT_FRAME_LIMIT", "HUNT_WAIT", "KafkaConnection", "looks_like_request"]
 
@@ -74,6 +76,8 @@ _RequestReceived = fast_constructor(RequestReceived)
 _ResponseReceived = fast_constructor(ResponseReceived)
 _ACKS0_REMEMBERED = 256
 _HUNT_WAITING_MAX = 64  # incomplete candidates remembered at once while hunting
+_SKELETON_MIN = 64 << 10  # held frames at least this long are decoded from their skeleton when they can be
+_SKELETON_HEAD = 1 << 10  # bytes a request or response header is looked for in
 _CORR_STEP = 1 << 16  # most a connection's correlation ids advance from one response to the next
 
 # Hunt verdicts on one candidate offset.
@@ -247,14 +251,19 @@ class KafkaConnection:
                 return
             data = data[state.skip :]
             state.skip = 0
-        state.rx.append(data, ts_ns)
-        self._drain(direction, state, ts_ns)
+        rx = state.rx
+        if state.hunting or rx.pos < len(rx.buf):
+            rx.append(data, ts_ns)
+            self._drain_and_park(direction, state, ts_ns)
+            return
+        self._frame_chunk(direction, state, data if type(data) is bytes else bytes(data), ts_ns)
 
     def receive_gap(self, direction: int, nbytes: int, ts_ns: int) -> None:
         """``nbytes`` of ``direction`` are missing (the capture lost them)."""
         if nbytes <= 0 or self.closed:
             return
         state = self._dirs[direction]
+        state.rx.spill()
         state.gap_bytes += nbytes
         if state.skip:
             if nbytes <= state.skip:
@@ -293,6 +302,8 @@ class KafkaConnection:
             return
         # A hunting direction may hold checked frames that waited only for the bytes after them.
         self._closing = True
+        for state in self._dirs:
+            state.rx.spill()
         for direction, state in enumerate(self._dirs):
             if state.hunting and state.rx.available() >= 4:
                 self._drain(direction, state, ts_ns)
@@ -350,6 +361,155 @@ class KafkaConnection:
         rx = state.rx
         state.hunt_after_gap = state.hunt_scan = rx.base + len(rx.buf)
         state.hunt_waiting = []
+
+    def _frame_chunk(self, direction: int, state: _Direction, data: bytes, ts_ns: int) -> None:
+        """Frame a chunk of a direction in step with the framing, ``rx.buf`` holding nothing.
+
+        Frames wholly inside the chunk are decoded where they lie; the frame running past its
+        end is held (``ReceiveBuffer.hold``) and decoded once complete. Anything unusual (an
+        implausible length) goes to ``_drain`` with the bytes in ``rx.buf``, as they always did.
+        """
+        rx = state.rx
+        p = self._continue_frame(direction, state, data, ts_ns) if rx.held else 0
+        if p < 0:
+            return
+        n = len(data)
+        start = p
+        limit = self.frame_limit
+        if direction == CLIENT_TO_BROKER:
+            minimum, decode = _MIN_REQUEST, self._request_frame
+        else:
+            minimum, decode = _MIN_RESPONSE, self._response_frame
+        size = 0
+        while n - p >= 4:
+            size = _I32(data, p)[0]
+            if size < minimum or size > limit:
+                rx.base += p - start
+                rx.append(memoryview(data)[p:], ts_ns)
+                self._drain_and_park(direction, state, ts_ns)
+                return
+            end = p + 4 + size
+            if end > n:
+                break
+            state.frames += 1
+            decode(data, p, end, ts_ns, ts_ns)
+            p = end
+        rx.base += p - start
+        if p < n:
+            rx.frame_ns = ts_ns
+            rx.hold(data if p == 0 else memoryview(data)[p:])
+            rx.need = 4 + size if n - p >= 4 else 0
+
+    def _continue_frame(self, direction: int, state: _Direction, data: bytes, ts_ns: int) -> int:
+        """Feed the held frame from the start of ``data``: how many bytes of it were used, or -1
+        when the chunk was handed to ``_drain`` (the held frame's length is implausible)."""
+        rx = state.rx
+        n = len(data)
+        p = 0
+        if not rx.need:
+            if rx.held < 4:
+                p = min(4 - rx.held, n)
+                rx.hold(data[:p])
+                if rx.held < 4:
+                    return p
+            parts = rx.parts
+            size = _I32(parts[0] if len(parts[0]) >= 4 else b"".join(parts), 0)[0]
+            minimum = _MIN_REQUEST if direction == CLIENT_TO_BROKER else _MIN_RESPONSE
+            if size < minimum or size > self.frame_limit:
+                rx.spill()
+                if p < n:
+                    rx.append(memoryview(data)[p:], ts_ns)
+                self._drain_and_park(direction, state, ts_ns)
+                return -1
+            rx.need = 4 + size
+        take = min(rx.need - rx.held, n - p)
+        if take:
+            rx.hold(data if take == n else memoryview(data)[p : p + take])
+            p += take
+        if rx.held == rx.need:
+            start_ns = rx.frame_ns
+            state.frames += 1
+            if (
+                len(rx.parts) > 1
+                and rx.held >= _SKELETON_MIN
+                and self._skeleton_frame(direction, rx.parts, start_ns, ts_ns)
+            ):
+                rx.drop_frame()
+                return p
+            frame = rx.take_frame()
+            # A malformed body is decoded again with the chunk's next bytes behind it, as when
+            # every frame was cut from one buffer: its error then reads the same.
+            tail = memoryview(data)[p:] if p < n else None
+            if direction == CLIENT_TO_BROKER:
+                self._request_frame(frame, 0, len(frame), start_ns, ts_ns, tail)
+            else:
+                self._response_frame(frame, 0, len(frame), start_ns, ts_ns, tail)
+        return p
+
+    def _skeleton_frame(self, direction: int, parts: list[Any], start_ns: int, end_ns: int) -> bool:
+        """Decode a frame held in pieces from its skeleton (``decoder.skeleton``): True when done.
+
+        False (nothing noted yet) when the frame's api has no records, the walk fails, or the
+        skeleton does not decode cleanly: the caller then joins the frame and decodes that.
+        """
+        first = parts[0]
+        head = (
+            bytes(first[:_SKELETON_HEAD])
+            if len(first) >= _SKELETON_HEAD
+            else b"".join(parts)[:_SKELETON_HEAD]
+        )
+        size = sum(len(part) for part in parts)
+        try:
+            if direction == CLIENT_TO_BROKER:
+                _size, api_key, api_version, _corr = _REQUEST_HEAD(head, 0)
+                if not has_records("request", api_key, api_version):
+                    return False
+                header_version = protocol.request_header_version(api_key, api_version)
+                body = 12
+                if header_version >= 1:
+                    _client_id, body = _read_client_id(head, body, len(head))
+                if header_version >= 2:
+                    body = _skip_tagged_fields(head, body, len(head))
+            else:
+                corr = _I32(head, 4)[0]
+                entry = self._pending.get(corr)
+                request = entry[1] if entry is not None else self._acks0.get(corr)
+                if request is None or not has_records("response", request.api_key, request.api_version):
+                    return False
+                header_version = protocol.response_header_version(request.api_key, request.api_version)
+                body = 8 if header_version < 1 else _skip_tagged_fields(head, 8, len(head))
+        except _DECODE_ERRORS:
+            return False
+        direction_name = "request" if direction == CLIENT_TO_BROKER else "response"
+        api = (
+            (api_key, api_version)
+            if direction == CLIENT_TO_BROKER
+            else (request.api_key, request.api_version)
+        )
+        frame = skeleton(parts, direction_name, api[0], api[1], body)
+        if frame is None:
+            return False
+        end = len(frame)
+        if direction == CLIENT_TO_BROKER:
+            parsed = self._parse_request(frame, 0, end, start_ns, end_ns)
+            if parsed.status != "ok" or parsed.decode_error is not None:
+                return False
+            self._add_request(dataclasses.replace(parsed, size=size), end_ns)
+        else:
+            response = self._decode_response(request, frame, 0, end, start_ns, end_ns)
+            if response.status != "ok" or response.decode_error is not None:
+                return False
+            self._response_frame(
+                frame, 0, end, start_ns, end_ns, decoded=dataclasses.replace(response, size=size)
+            )
+        return True
+
+    def _drain_and_park(self, direction: int, state: _Direction, ts_ns: int) -> None:
+        """``_drain`` what ``rx.buf`` holds; once in step again, hold the frame left in progress."""
+        self._drain(direction, state, ts_ns)
+        rx = state.rx
+        if not state.hunting and rx.pos < len(rx.buf):
+            rx.park()
 
     def _drain(self, direction: int, state: _Direction, ts_ns: int) -> None:
         rx = state.rx
@@ -577,7 +737,17 @@ class KafkaConnection:
 
     # ---- frames ------------------------------------------------------------------------
 
-    def _request_frame(self, buf: Any, pos: int, end: int, start_ns: int, end_ns: int) -> None:
+    def _request_frame(
+        self, buf: Any, pos: int, end: int, start_ns: int, end_ns: int, tail: Any = None
+    ) -> None:
+        """Decode the request frame ``buf[pos:end]`` and note it. ``tail``: the bytes that follow
+        it when ``buf`` ends with the frame (a malformed body is decoded again with them)."""
+        request = self._parse_request(buf, pos, end, start_ns, end_ns)
+        if tail is not None and request.status == "malformed":
+            request = self._parse_request(bytes(buf[pos:end]) + tail, 0, end - pos, start_ns, end_ns)
+        self._add_request(request, end_ns)
+
+    def _parse_request(self, buf: Any, pos: int, end: int, start_ns: int, end_ns: int) -> Request:
         _size, api_key, api_version, corr = _REQUEST_HEAD(buf, pos)
         header_version, decoder = protocol.request_plan(api_key, api_version)
         client_id = None
@@ -616,7 +786,7 @@ class KafkaConnection:
             error,
         )
         request.__class__ = Request
-        self._add_request(request, end_ns)
+        return request
 
     def _add_request(self, request: Request, ts_ns: int) -> None:
         received = _RequestReceived(request)
@@ -638,13 +808,17 @@ class KafkaConnection:
             _corr, (_seq, oldest) = pending.popitem(last=False)
             self._events.append(Unanswered(oldest, "evicted", ts_ns))
 
-    def _response_frame(self, buf: Any, pos: int, end: int, start_ns: int, end_ns: int) -> None:
+    def _response_frame(
+        self, buf: Any, pos: int, end: int, start_ns: int, end_ns: int, tail: Any = None, decoded: Any = None
+    ) -> None:
+        """Decode the response frame ``buf[pos:end]`` and match it (``tail`` as for requests;
+        ``decoded``: the response, already decoded as the answer to the request it matches)."""
         corr = _I32(buf, pos + 4)[0]
         entry = self._pending.pop(corr, None)
         if entry is None:
             answered = self._acks0.pop(corr, None)
             if answered is not None:  # decodable: we know what it answers
-                response = self._decode_response(answered, buf, pos, end, start_ns, end_ns)
+                response = decoded or self._decode_response(answered, buf, pos, end, start_ns, end_ns, tail)
                 self._events.append(OrphanResponse(response, answered))
             else:
                 self._events.append(
@@ -654,12 +828,22 @@ class KafkaConnection:
         seq, request = entry
         if seq != self._oldest_seq():
             self._expire_older(seq, end_ns)
-        response = self._decode_response(request, buf, pos, end, start_ns, end_ns)
+        response = decoded or self._decode_response(request, buf, pos, end, start_ns, end_ns, tail)
         received = _ResponseReceived(request, response)
         received.__class__ = ResponseReceived
         self._events.append(received)
 
     def _decode_response(
+        self, request: Request, buf: Any, pos: int, end: int, start_ns: int, end_ns: int, tail: Any = None
+    ) -> Response:
+        """Decode a response as the answer to ``request`` (``tail`` as for ``_request_frame``)."""
+        response = self._parse_response(request, buf, pos, end, start_ns, end_ns)
+        if tail is not None and response.status != "ok":
+            buf = bytes(buf[pos:end]) + tail
+            response = self._parse_response(request, buf, 0, end - pos, start_ns, end_ns)
+        return response
+
+    def _parse_response(
         self, request: Request, buf: Any, pos: int, end: int, start_ns: int, end_ns: int
     ) -> Response:
         api_key = request.api_key

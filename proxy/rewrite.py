@@ -22,12 +22,12 @@ them into one frame and decoding it a second time.
 from __future__ import annotations
 
 import struct
-from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from functools import cache
 from typing import Any
 
 from decoder import message_codec, protocol
+from decoder.pieces import LayoutWalk, Unsure
 
 __all__ = [
     "Endpoint",
@@ -157,73 +157,6 @@ DECODE_ERRORS = _DECODE_ERRORS
 
 # ---- walking a frame held in pieces ---------------------------------------------------
 
-_FIXED = {"bool": 1, "int8": 1, "int16": 2, "uint16": 2, "int32": 4, "int64": 8, "float64": 8, "uuid": 16}
-_NULLABLE = 1
-_CLASSIC_ENCODING = 2
-_I16 = struct.Struct(">h").unpack_from
-_I32U = struct.Struct(">i").unpack_from
-
-
-class _Unsure(Exception):
-    """The walk cannot tell (unknown type, short or malformed frame): take the safe path."""
-
-
-class _Pieces:
-    """Random access to a frame that lies in several buffers, without joining them."""
-
-    __slots__ = ("end", "pieces", "starts")
-
-    def __init__(self, pieces: Sequence[Any]) -> None:
-        self.pieces = pieces
-        starts = []
-        total = 0
-        for piece in pieces:
-            starts.append(total)
-            total += len(piece)
-        self.starts = starts
-        self.end = total
-
-    def window(self, pos: int, n: int) -> tuple[Any, int]:
-        """(buffer, offset) holding frame bytes ``pos .. pos+n`` contiguously."""
-        if pos < 0 or pos + n > self.end:
-            raise _Unsure
-        i = bisect_right(self.starts, pos) - 1
-        start = self.starts[i]
-        piece = self.pieces[i]
-        if pos + n <= start + len(piece):
-            return piece, pos - start
-        out = bytearray()
-        while len(out) < n:
-            piece = self.pieces[i]
-            out += piece[pos + len(out) - self.starts[i] : pos + n - self.starts[i]]
-            i += 1
-        return out, 0
-
-    def i16(self, pos: int) -> int:
-        buf, at = self.window(pos, 2)
-        return _I16(buf, at)[0]
-
-    def i32(self, pos: int) -> int:
-        buf, at = self.window(pos, 4)
-        return _I32U(buf, at)[0]
-
-    def i8(self, pos: int) -> int:
-        buf, at = self.window(pos, 1)
-        value = buf[at]
-        return value - 256 if value > 127 else value
-
-    def uvarint(self, pos: int) -> tuple[int, int]:
-        value = shift = 0
-        for _ in range(5):
-            buf, at = self.window(pos, 1)
-            byte = buf[at]
-            pos += 1
-            value |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                return value, pos
-            shift += 7
-        raise _Unsure
-
 
 @cache
 def _carries(field: tuple[Any, ...]) -> bool:
@@ -259,80 +192,28 @@ class _Found(Exception):
     """An address-carrying struct is present."""
 
 
-def _length(r: _Pieces, pos: int, compact: bool, wide: bool) -> tuple[int, int]:
-    if compact:
-        n, pos = r.uvarint(pos)
-        return n - 1, pos
-    if wide:
-        return r.i32(pos), pos + 4
-    return r.i16(pos), pos + 2
+class _EndpointWalk(LayoutWalk):
+    """The walk that stops (``_Found``) at the first struct that can hold a node endpoint."""
 
+    __slots__ = ()
 
-def _walk_field(r: _Pieces, pos: int, field: tuple[Any, ...], flexible: bool) -> int:
-    _name, ftype, flags, _tag, _role, children = field
-    compact = flexible and not flags & _CLASSIC_ENCODING
-    size = _FIXED.get(ftype)
-    if size is not None:
-        return pos + size
-    if ftype in ("string", "bytes", "records"):
-        n, pos = _length(r, pos, compact, wide=ftype != "string")
-        return pos + n if n > 0 else pos
-    if ftype == "{}":
-        if flags & _NULLABLE:
-            if r.i8(pos) < 0:
-                return pos + 1
-            pos += 1
-        if children and _carries(field):
+    def entering(self, field: Sequence[Any]) -> None:
+        if field[5] and _carries(field):  # type: ignore[arg-type]
             raise _Found
-        return _walk_struct(r, pos, children or (), flexible)
-    if not ftype.startswith("[]"):
-        raise _Unsure
-    element = ftype[2:]
-    n, pos = _length(r, pos, compact, wide=True)
-    if n <= 0:
+
+    def tagged(self, pos: int, fields: Sequence[Any]) -> int:
+        count, pos = self.uvarint(pos)
+        for _ in range(count):
+            tag, pos = self.uvarint(pos)
+            size, pos = self.uvarint(pos)
+            for field in fields:
+                if field[3] == tag and _carries(field):
+                    # present, but perhaps empty (Tansu always sends an empty NodeEndpoints)
+                    if self.field(pos, field, True) != pos + size:
+                        raise Unsure
+                    break
+            pos += size
         return pos
-    if n > r.end - pos:
-        raise _Unsure
-    if element == "":
-        if _carries(field):
-            raise _Found
-        for _ in range(n):
-            pos = _walk_struct(r, pos, children or (), flexible)
-        return pos
-    size = _FIXED.get(element)
-    if size is not None:
-        return pos + size * n
-    if element in ("string", "bytes"):
-        for _ in range(n):
-            m, pos = _length(r, pos, compact, wide=element != "string")
-            if m > 0:
-                pos += m
-        return pos
-    raise _Unsure
-
-
-def _walk_struct(r: _Pieces, pos: int, fields: tuple[Any, ...], flexible: bool) -> int:
-    for field in fields:
-        if field[3] is None:
-            pos = _walk_field(r, pos, field, flexible)
-    if flexible:
-        pos = _walk_tagged(r, pos, fields)
-    return pos
-
-
-def _walk_tagged(r: _Pieces, pos: int, fields: tuple[Any, ...]) -> int:
-    count, pos = r.uvarint(pos)
-    for _ in range(count):
-        tag, pos = r.uvarint(pos)
-        size, pos = r.uvarint(pos)
-        for field in fields:
-            if field[3] == tag and _carries(field):
-                # present, but perhaps empty (Tansu always sends an empty NodeEndpoints)
-                if _walk_field(r, pos, field, True) != pos + size:
-                    raise _Unsure
-                break
-        pos += size
-    return pos
 
 
 def may_carry_endpoints(pieces: Sequence[Any], api_key: int, api_version: int) -> bool:
@@ -346,16 +227,16 @@ def may_carry_endpoints(pieces: Sequence[Any], api_key: int, api_version: int) -
     if plan is None:
         return True
     flexible, fields, header_version = plan
-    r = _Pieces(pieces)
+    walk = _EndpointWalk(pieces)
     try:
-        if r.i32(0) + 4 != r.end:
+        if walk.int32(0) + 4 != walk.end:
             return True
         pos = 8  # length prefix, correlation id
         if header_version >= 1:
-            pos = _walk_tagged(r, pos, ())
-        pos = _walk_struct(r, pos, fields, flexible)
+            pos = walk.tagged(pos, ())
+        pos = walk.struct(pos, fields, flexible)
     except _Found:
         return True
-    except (_Unsure, IndexError, struct.error):
+    except (Unsure, IndexError, struct.error):
         return True
-    return pos != r.end
+    return pos != walk.end

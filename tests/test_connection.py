@@ -345,3 +345,84 @@ def test_hunting_holds_a_bounded_number_of_bytes() -> None:
     for _ in range(HUNT_WAIT // 4096):
         conn.receive_data(UP, b"\xff" * 4096, 3)
     assert [type(e).__name__ for e in conn.events()] == ["Resync"]
+
+
+def _feed_in_chunks(stream_up: bytes, stream_down: bytes, size: int) -> list:
+    """Events of both streams fed ``size`` bytes at a time (requests first), then closed."""
+    conn = KafkaConnection()
+    for at in range(0, len(stream_up), size):
+        conn.receive_data(UP, stream_up[at : at + size], 1)
+    for at in range(0, len(stream_down), size):
+        conn.receive_data(DOWN, stream_down[at : at + size], 2)
+    conn.receive_close(3)
+    return conn.events()
+
+
+def _large_produce(corr: int) -> bytes:
+    """A Produce request of about 300 KB: batches of two codecs, a legacy message, a partial batch."""
+    big = kf.record_batch(40, codec=0, payload=b"p" * 100_000)
+    legacy = struct.pack(">qiibbii", 0, 14, 0, 1, 0, -1, -1)  # magic 1, no codec: one message
+    partial = kf.record_batch(3, codec=4, payload=b"q" * 500)[:-200]
+    return kf.produce_v3(
+        corr, acks=1, partitions=(0, 1, 2), batches=(big, kf.record_batch(7, codec=4), big, legacy, partial)
+    )
+
+
+@pytest.mark.parametrize("size", [1000, 9000, 70_000, 262_144])
+def test_a_large_frame_held_in_pieces_decodes_as_when_whole(size: int) -> None:
+    """Frames spanning reads are decoded from their skeleton (records left out) or joined: either way
+    the events are those of the frames fed whole."""
+    up = _large_produce(1) + kf.heartbeat_v0(2) + _large_produce(3)
+    down = kf.produce_v3_response(1, {0: 0}) + kf.heartbeat_v0_response(2) + kf.produce_v3_response(3, {1: 6})
+    whole = _feed_in_chunks(up, down, len(up) + len(down))
+    pieces = _feed_in_chunks(up, down, size)
+    assert pieces == whole
+    request = next(e.request for e in whole if isinstance(e, RequestReceived))
+    assert request.size == len(_large_produce(1)) and request.status == "ok"
+
+
+def test_skeleton_keeps_every_field_but_record_payloads() -> None:
+    from decoder import protocol
+    from decoder.skeleton import skeleton
+
+    frame = _large_produce(9)
+    pieces = [frame[at : at + 50_000] for at in range(0, len(frame), 50_000)]
+    small = skeleton(pieces, "request", 0, 3, 12 + 2 + len("test-client"))
+    assert small is not None and len(small) < len(frame) // 10
+    decode = protocol.request_decoder(0, 3)
+    body = 12 + 2 + len("test-client")
+    (fields, stop), (whole_fields, whole_stop) = (
+        decode(small, body, len(small)),
+        decode(frame, body, len(frame)),
+    )
+    assert (fields, stop, whole_stop) == (whole_fields, len(small), len(frame))
+    records = [p["records"] for t in fields["TopicData"] for p in t["PartitionData"]]
+    assert records == [(4, 88, 0b10001)] * 3  # 3 batches and a legacy message; the partial batch not counted
+
+
+def test_a_malformed_frame_in_pieces_reads_as_when_whole() -> None:
+    """A body that runs past its frame says so in the same words however the frame arrived."""
+    stream = kf.request(0, 3, 5, b"") + kf.heartbeat_v0(6)
+    whole = _feed_in_chunks(stream, b"", len(stream))
+    for cut in (3, 10, 20):
+        conn = KafkaConnection()
+        conn.receive_data(UP, stream[:cut], 1)
+        conn.receive_data(UP, stream[cut:], 1)
+        conn.receive_close(3)
+        assert conn.events() == whole
+    assert whole[0].request.decode_error == "TransactionalId: string runs past the frame"
+
+
+def test_a_gap_inside_a_held_frame_truncates_it() -> None:
+    frame = _large_produce(1)
+    conn = KafkaConnection()
+    conn.receive_data(UP, frame[:100_000], 1)
+    conn.receive_data(UP, frame[100_000:150_000], 2)
+    conn.receive_gap(UP, 10, 3)
+    conn.receive_data(UP, frame[150_010:] + kf.heartbeat_v0(2), 4)
+    conn.receive_close(5)
+    requests = [e.request for e in conn.events() if isinstance(e, RequestReceived)]
+    assert [(r.correlation_id, r.status, r.size, r.start_ns) for r in requests] == [
+        (1, "truncated", len(frame), 1),
+        (2, "ok", len(kf.heartbeat_v0(2)), 4),
+    ]
