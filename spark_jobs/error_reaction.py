@@ -41,99 +41,112 @@ VERDICTS = ("refreshes_metadata", "retries_without_refresh", "gives_up", "unknow
 
 _TP = ["client_key", "topic", "partition"]
 _BTP = ["client_key", "broker_ip", "broker_port", "topic", "partition"]
+#: Time bucket for thinning successes and requests before they are sorted (any size gives the
+#: same results; this one keeps few rows on the synthetic 10M-row benchmark).
+_BUCKET_US = 10_000_000
 
 
 def _count_requests_between(errors: DataFrame, requests: DataFrame) -> DataFrame:
-    """Add ``requests_before_refresh``: requests in (error_time, horizon) per (client, broker,
-    topic, partition), by a running count over the errors' start/end probes and the requests."""
-    starts = errors.select(*_BTP, "error_id", F.col("error_time").alias("_t"), F.lit(2).alias("_ord"))
-    ends = errors.select(*_BTP, "error_id", F.col("horizon").alias("_t"), F.lit(0).alias("_ord"))
-    reqs = requests.select(
-        *_BTP,
+    """Per ``error_id``: ``requests_before_refresh``, the requests in (error_time, horizon) with
+    the error's ``btp_id`` (client, broker, topic, partition), by a running count over the
+    errors' start/end probes and the requests."""
+    starts = errors.select("btp_id", "error_id", F.col("error_time").alias("_t"), F.lit(2).alias("_ord"))
+    ends = errors.select("btp_id", "error_id", F.col("horizon").alias("_t"), F.lit(0).alias("_ord"))
+    probed = (
+        starts.unionByName(ends)
+        .select("btp_id", _bucket("_t").alias("_b"), F.lit(True).alias("_probed"))
+        .distinct()
+    )
+    # Requests in a bucket without a probe all count or not together: one row of their count.
+    thinned = _thin(
+        requests.withColumn("_w", F.lit(1)),
+        probed,
+        "btp_id",
+        "request_time",
+        F.min("request_time").alias("request_time"),
+        F.count(F.lit(1)).alias("_w"),
+    )
+    reqs = thinned.select(
+        "btp_id",
         F.lit(None).cast("long").alias("error_id"),
         F.col("request_time").alias("_t"),
         F.lit(1).alias("_ord"),
+        "_w",
     )
     # Order: at one instant, an end probe before the requests (exclusive end), a start probe after
     # them (exclusive start).
     w = (
-        Window.partitionBy(*_BTP)
+        Window.partitionBy("btp_id")
         .orderBy("_t", "_ord")
         .rowsBetween(Window.unboundedPreceding, Window.currentRow)
     )
     counted = (
         starts.unionByName(ends)
-        .unionByName(reqs)
-        .withColumn("_n", F.sum(F.when(F.col("_ord") == 1, 1).otherwise(0)).over(w))
+        .unionByName(reqs, allowMissingColumns=True)
+        .withColumn("_n", F.sum(F.when(F.col("_ord") == 1, F.col("_w")).otherwise(0)).over(w))
         .where(F.col("_ord") != 1)
     )
-    per_error = counted.groupBy("error_id").agg(
+    return counted.groupBy("error_id").agg(
         (
             F.max(F.when(F.col("_ord") == 0, F.col("_n"))) - F.max(F.when(F.col("_ord") == 2, F.col("_n")))
         ).alias("requests_before_refresh")
     )
-    return errors.join(per_error, "error_id", "left")
 
 
-def error_reaction(
-    exchanges: DataFrame,
-    *,
-    watched: tuple[int, ...] = DEFAULT_WATCHED,
-    refresh_within_s: float = 10.0,
-    max_requests_before_refresh: int = 2,
-) -> DataFrame:
-    """One row per watched partition error a client saw, with its reaction (see module doc)."""
-    errors = (
-        partition_results(exchanges, list(watched))
+def _watched_errors(exchanges: DataFrame, watched: list[int]) -> DataFrame:
+    """The watched partition errors, each with an ``error_id`` and two dense integer keys:
+    ``tp_id`` for its (client, topic, partition), ``btp_id`` for its (client, broker, topic,
+    partition). The window sorts below then sort and shuffle one long, not strings."""
+    return (
+        partition_results(exchanges, watched)
         .withColumn("error_time", F.coalesce("response_time", "request_time"))
         .withColumn("error_id", F.monotonically_increasing_id())
         .select("error_id", *_BTP, "client_id", "client_ip", "api_name", "error_code", "error_time")
-        .cache()  # used several times below; the ids must not be drawn twice
-    )
-    metadata = exchanges.where((F.col("api_key") == 3) & (F.col("status") != "orphan_response")).select(
-        client_key().alias("client_key"), event_time().alias("md_time")
-    )
-    errors = next_time_after(errors, metadata, ["client_key"], "error_time", "md_time", "refresh_time")
-    # Only partitions that had errors matter, and only from their first error on: bound the
-    # successes and requests to those before sorting them (most results are successes).
-    spans = (
-        errors.groupBy(*_TP)
-        .agg(F.min("error_time").alias("_first_err"), F.max("error_time").alias("_last_err"))
-        .cache()
-    )
-    # One pass over all partition results keeps those of the partitions that had errors, from
-    # their first error on: the successes and the requests below both come from these.
-    touched = (
-        partition_results(exchanges)
-        .join(F.broadcast(spans), _TP)
-        .where(F.coalesce("response_time", "request_time") > F.col("_first_err"))
-        .select(*_BTP, "request_time", "response_time", "error_code", "_last_err")
-    )
-    ok = touched.where(F.col("error_code") == 0).select(
-        *_TP, F.coalesce("response_time", "request_time").alias("ok_time"), "_last_err"
-    )
-    successes = (
-        ok.where(F.col("ok_time") <= F.col("_last_err"))
-        .select(*_TP, "ok_time")
-        .unionByName(
-            ok.where(F.col("ok_time") > F.col("_last_err"))
-            .groupBy(*_TP)
-            .agg(F.min("ok_time").alias("ok_time"))
-        )
-    )
-    errors = next_time_after(errors, successes, _TP, "error_time", "ok_time", "success_time")
-    errors = with_window_end(errors, exchanges).withColumn(
-        "horizon", F.coalesce(F.col("refresh_time"), F.col("window_end") + F.expr("INTERVAL 1 MICROSECOND"))
+        # errors are few: one ranking sort each on a single partition is cheap
+        .withColumn("tp_id", F.dense_rank().over(Window.orderBy(*_TP)))
+        .withColumn("btp_id", F.dense_rank().over(Window.orderBy(*_BTP)))
     )
 
-    # Requests for a partition: those whose response lists it, plus (no response: unanswered,
-    # acks=0) those naming its topic, fanned out to the partitions that had errors.
-    in_play = errors.groupBy(*_BTP).agg(F.min("error_time").alias("_from"))
+
+def _bucket(time: str) -> F.Column:
+    return F.floor(F.unix_micros(time) / _BUCKET_US)
+
+
+def _first_success(errors: DataFrame, touched: DataFrame) -> DataFrame:
+    """Per ``error_id``: ``success_time``, the first error-free result for the error's
+    partition after it, from any broker."""
+    ok = touched.where(F.col("error_code") == 0).select(
+        "tp_id", F.coalesce("response_time", "request_time").alias("ok_time")
+    )
+    # A success in a time bucket without an error of its partition can only be an answer if it
+    # is the bucket's first: keep every success only in buckets with an error, else the first.
+    error_buckets = errors.select("tp_id", _bucket("error_time").alias("_b"), F.lit(True).alias("_probed"))
+    successes = _thin(ok, error_buckets.distinct(), "tp_id", "ok_time", F.min("ok_time").alias("ok_time"))
+    probes = errors.select("error_id", "tp_id", "error_time")
+    return next_time_after(probes, successes, ["tp_id"], "error_time", "ok_time", "success_time").select(
+        "error_id", "success_time"
+    )
+
+
+def _thin(rows: DataFrame, probed: DataFrame, key: str, time: str, *aggs: F.Column) -> DataFrame:
+    """``rows`` (``key``, ``time``, ...) aggregated by ``aggs``: per distinct ``time`` in the
+    (``key``, bucket) pairs of ``probed``, per (``key``, bucket) elsewhere. One hash aggregate
+    instead of sorting every row."""
+    flagged = rows.withColumn("_b", _bucket(time)).join(F.broadcast(probed), [key, "_b"], "left")
+    exact = F.when(F.col("_probed"), F.col(time)).alias("_exact")
+    return flagged.groupBy(key, "_b", exact).agg(*aggs).drop("_b", "_exact")
+
+
+def _requests_in_play(exchanges: DataFrame, errors: DataFrame, touched: DataFrame) -> DataFrame:
+    """``(btp_id, request_time)`` of the requests for an errored partition to its broker after
+    its first error there: those whose response lists it, plus (no response: unanswered,
+    acks=0) those naming its topic, fanned out to the partitions that had errors."""
+    in_play = errors.groupBy("btp_id", *_BTP).agg(F.min("error_time").alias("_from"))
     listed = (
         touched.select(*_BTP, "request_time")
         .join(F.broadcast(in_play), _BTP)
         .where(F.col("request_time") > F.col("_from"))
-        .select(*_BTP, "request_time")
+        .select("btp_id", "request_time")
     )
     no_result = exchanges.where(
         ((F.size("partition_errors") <= 0) | F.col("partition_errors").isNull()) & (F.size("topics") > 0)
@@ -147,11 +160,43 @@ def error_reaction(
     by_topic = (
         no_result.join(F.broadcast(in_play), ["client_key", "broker_ip", "broker_port", "topic"])
         .where(F.col("request_time") > F.col("_from"))
-        .select(*_BTP, "request_time")
+        .select("btp_id", "request_time")
     )
-    requests = listed.unionByName(by_topic)
+    return listed.unionByName(by_topic)
+
+
+def error_reaction(
+    exchanges: DataFrame,
+    *,
+    watched: tuple[int, ...] = DEFAULT_WATCHED,
+    refresh_within_s: float = 10.0,
+    max_requests_before_refresh: int = 2,
+) -> DataFrame:
+    """One row per watched partition error a client saw, with its reaction (see module doc)."""
+    errors = _watched_errors(exchanges, list(watched)).cache()  # used several times; ids drawn once
+    metadata = exchanges.where((F.col("api_key") == 3) & (F.col("status") != "orphan_response")).select(
+        client_key().alias("client_key"), event_time().alias("md_time")
+    )
+    errors = next_time_after(errors, metadata, ["client_key"], "error_time", "md_time", "refresh_time")
+    errors = with_window_end(errors, exchanges).withColumn(
+        "horizon", F.coalesce(F.col("refresh_time"), F.col("window_end") + F.expr("INTERVAL 1 MICROSECOND"))
+    )
     errors = errors.cache()
-    errors = _count_requests_between(errors, requests)
+    # Only partitions that had errors matter, and only from their first error on: one pass over
+    # all partition results keeps those, for the successes and the requests below.
+    spans = errors.groupBy("tp_id", *_TP).agg(
+        F.min("error_time").alias("_first_err"), F.max("error_time").alias("_last_err")
+    )
+    touched = (
+        partition_results(exchanges)
+        .join(F.broadcast(spans), _TP)
+        .where(F.coalesce("response_time", "request_time") > F.col("_first_err"))
+        .select("tp_id", *_BTP, "request_time", "response_time", "error_code", "_last_err")
+    )
+    requests = _requests_in_play(exchanges, errors, touched)
+    errors = errors.join(_first_success(errors, touched), "error_id", "left").join(
+        _count_requests_between(errors, requests), "error_id", "left"
+    )
 
     delay_us = micros_between("error_time", "refresh_time")
     within = int(refresh_within_s * 1e6)
