@@ -165,8 +165,8 @@ class ExchangeRows:
         start_ns = request.start_ns if request else None
         end_ns = response.end_ns if response else None
         row = self._base(start_ns, end_ns, request, response)
-        row["request_time"] = None if start_ns is None else start_ns // 1000
-        row["response_time"] = None if end_ns is None else end_ns // 1000
+        row["request_time"] = _us(start_ns)
+        row["response_time"] = _us(end_ns)
         if start_ns is not None and end_ns is not None:
             row["latency_us"] = (end_ns - start_ns) // 1000
         row["status"] = status
