@@ -461,9 +461,8 @@ class KafkaConnection:
         size = sum(len(part) for part in parts)
         try:
             if direction == CLIENT_TO_BROKER:
+                direction_name = "request"
                 _size, api_key, api_version, _corr = _REQUEST_HEAD(head, 0)
-                if not has_records("request", api_key, api_version):
-                    return False
                 header_version = protocol.request_header_version(api_key, api_version)
                 body = 12
                 if header_version >= 1:
@@ -471,22 +470,20 @@ class KafkaConnection:
                 if header_version >= 2:
                     body = _skip_tagged_fields(head, body, len(head))
             else:
+                direction_name = "response"
                 corr = _I32(head, 4)[0]
                 entry = self._pending.get(corr)
                 request = entry[1] if entry is not None else self._acks0.get(corr)
-                if request is None or not has_records("response", request.api_key, request.api_version):
+                if request is None:
                     return False
-                header_version = protocol.response_header_version(request.api_key, request.api_version)
+                api_key, api_version = request.api_key, request.api_version
+                header_version = protocol.response_header_version(api_key, api_version)
                 body = 8 if header_version < 1 else _skip_tagged_fields(head, 8, len(head))
         except _DECODE_ERRORS:
             return False
-        direction_name = "request" if direction == CLIENT_TO_BROKER else "response"
-        api = (
-            (api_key, api_version)
-            if direction == CLIENT_TO_BROKER
-            else (request.api_key, request.api_version)
-        )
-        frame = skeleton(parts, direction_name, api[0], api[1], body)
+        if not has_records(direction_name, api_key, api_version):
+            return False
+        frame = skeleton(parts, direction_name, api_key, api_version, body)
         if frame is None:
             return False
         end = len(frame)

@@ -107,24 +107,26 @@ class ReceiveBuffer:
         """The held frame, now complete, in one piece (joined once); nothing is held after."""
         parts = self.parts
         frame = parts[0] if len(parts) == 1 and type(parts[0]) is not memoryview else b"".join(parts)
-        self.base += self.held
-        self.parts = []
-        self.held = self.need = 0
+        self.drop_frame()
         return frame
 
     def drop_frame(self) -> None:
         """Forget the held frame, now complete and decoded from its pieces."""
         self.base += self.held
-        self.parts = []
-        self.held = self.need = 0
+        self._release()
 
     def spill(self) -> None:
         """Move the held bytes into ``buf`` (empty until now), arrived when the frame's first did."""
         if self.held:
-            parts = self.parts
-            self.parts = []
-            self.held = self.need = 0
+            parts = self._release()
             self.append(parts[0] if len(parts) == 1 else b"".join(parts), self.frame_ns)
+
+    def _release(self) -> list[Any]:
+        """Stop holding a frame; return its pieces."""
+        parts = self.parts
+        self.parts = []
+        self.held = self.need = 0
+        return parts
 
     def park(self) -> None:
         """Hold the unconsumed bytes of ``buf`` (a frame in progress) as the held frame."""
