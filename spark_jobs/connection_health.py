@@ -48,34 +48,32 @@ def per_connection(exchanges: DataFrame, connections: DataFrame) -> DataFrame:
         event_time().alias("ts"),
     )
     unanswered = F.col("status") == "unanswered"
-    # Numbers per connection with a hash aggregate; the (constant per connection) strings come
-    # from a distinct over few rows: a string aggregate over all rows would force a sort.
-    counts = ex.groupBy(*_CONN).agg(
-        F.sum(F.when(F.col("status") != "orphan_response", 1).otherwise(0)).alias("requests"),
+    request = F.col("status") != "orphan_response"
+    who = ["client_key", "client_id", "client_ip", "broker_ip", "broker_port"]
+    # One hash aggregate over all rows, keyed by the connection and its (constant) identity
+    # strings: about one group per connection. A string aggregate over all rows would sort.
+    groups = ex.groupBy(*_CONN, *who).agg(
+        F.sum(F.when(request, 1).otherwise(0)).alias("requests"),
         F.sum(F.when(unanswered, 1).otherwise(0)).alias("unanswered"),
         F.min(F.when(unanswered, F.col("request_time"))).alias("first_unanswered_time"),
         F.min("ts").alias("ex_first"),
         F.max("ts").alias("ex_last"),
     )
-    who = (
-        ex.where(F.col("status") != "orphan_response")
-        .select(*_CONN, "client_key", "client_id", "client_ip", "broker_ip", "broker_port")
-        .distinct()
-        .groupBy(*_CONN)
-        .agg(
-            F.first("client_key", ignorenulls=True).alias("ex_client_key"),
-            F.first("client_id", ignorenulls=True).alias("ex_client_id"),
-            F.first("client_ip", ignorenulls=True).alias("ex_client_ip"),
-            F.first("broker_ip", ignorenulls=True).alias("ex_broker_ip"),
-            F.first("broker_port", ignorenulls=True).alias("ex_broker_port"),
-        )
+    # The identity comes from groups with requests (an orphan response may lack it).
+    counts = groups.groupBy(*_CONN).agg(
+        F.sum("requests").alias("requests"),
+        F.sum("unanswered").alias("unanswered"),
+        F.min("first_unanswered_time").alias("first_unanswered_time"),
+        F.min("ex_first").alias("ex_first"),
+        F.max("ex_last").alias("ex_last"),
+        *[F.first(F.when(F.col("requests") > 0, F.col(c)), ignorenulls=True).alias(f"ex_{c}") for c in who],
     )
     waiting = (
         ex.where(unanswered)
         .groupBy(*_CONN)
         .agg(F.max_by("api_name", "request_time").alias("last_unanswered_api"))
     )
-    from_ex = counts.join(who, _CONN, "left").join(waiting, _CONN, "left")
+    from_ex = counts.join(waiting, _CONN, "left")
     co = connections.select(
         *_CONN,
         client_key().alias("co_client_key"),

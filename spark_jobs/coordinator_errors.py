@@ -17,7 +17,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from spark_jobs.common import client_key, error_name, micros_between, ordered
+from spark_jobs.common import client_key, error_name, has_error, micros_between, ordered
 
 __all__ = ["COORDINATOR_ERRORS", "coordinator_events", "coordinator_storms", "coordinator_timeline", "run"]
 
@@ -46,7 +46,7 @@ def coordinator_events(exchanges: DataFrame, codes: tuple[int, ...] = COORDINATO
         "*", F.coalesce("group_id", "coordinator_key").alias("group"), F.col("error_code").alias("code")
     )
     per_part = (
-        base.where(F.exists("partition_errors", lambda p: p["error_code"].isin(wanted)))
+        base.where(has_error("partition_errors", wanted))
         .select("*", F.explode("partition_errors").alias("p"))
         .where(F.col("p.error_code").isin(wanted))
         .select(
@@ -56,7 +56,7 @@ def coordinator_events(exchanges: DataFrame, codes: tuple[int, ...] = COORDINATO
         )
     )
     per_coord = (
-        base.where(F.exists("coordinators", lambda c: c["error_code"].isin(wanted)))
+        base.where(has_error("coordinators", wanted))
         .select("*", F.explode("coordinators").alias("c"))
         .where(F.col("c.error_code").isin(wanted))
         .select("*", F.col("c.key").alias("group"), F.col("c.error_code").alias("code"))

@@ -46,27 +46,21 @@ _BTP = ["client_key", "broker_ip", "broker_port", "topic", "partition"]
 _BUCKET_US = 10_000_000
 
 
+def _probes(errors: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """The instants :func:`_count_requests_between` counts between, per ``btp_id``: error times
+    (``_ord`` 2: an exclusive start) and horizons (``_ord`` 0: an exclusive end)."""
+    starts = errors.select("btp_id", "error_id", F.col("error_time").alias("_t"), F.lit(2).alias("_ord"))
+    ends = errors.select("btp_id", "error_id", F.col("horizon").alias("_t"), F.lit(0).alias("_ord"))
+    return starts, ends
+
+
 def _count_requests_between(errors: DataFrame, requests: DataFrame) -> DataFrame:
     """Per ``error_id``: ``requests_before_refresh``, the requests in (error_time, horizon) with
     the error's ``btp_id`` (client, broker, topic, partition), by a running count over the
-    errors' start/end probes and the requests."""
-    starts = errors.select("btp_id", "error_id", F.col("error_time").alias("_t"), F.lit(2).alias("_ord"))
-    ends = errors.select("btp_id", "error_id", F.col("horizon").alias("_t"), F.lit(0).alias("_ord"))
-    probed = (
-        starts.unionByName(ends)
-        .select("btp_id", _bucket("_t").alias("_b"), F.lit(True).alias("_probed"))
-        .distinct()
-    )
-    # Requests in a bucket without a probe all count or not together: one row of their count.
-    thinned = _thin(
-        requests.withColumn("_w", F.lit(1)),
-        probed,
-        "btp_id",
-        "request_time",
-        F.min("request_time").alias("request_time"),
-        F.count(F.lit(1)).alias("_w"),
-    )
-    reqs = thinned.select(
+    errors' start/end probes and the ``requests`` (``btp_id``, ``request_time``, ``_w``: how
+    many requests the row stands for, see :func:`_thin`)."""
+    starts, ends = _probes(errors)
+    reqs = requests.select(
         "btp_id",
         F.lit(None).cast("long").alias("error_id"),
         F.col("request_time").alias("_t"),
@@ -112,42 +106,75 @@ def _bucket(time: str) -> F.Column:
     return F.floor(F.unix_micros(time) / _BUCKET_US)
 
 
-def _first_success(errors: DataFrame, touched: DataFrame) -> DataFrame:
-    """Per ``error_id``: ``success_time``, the first error-free result for the error's
-    partition after it, from any broker."""
-    ok = touched.where(F.col("error_code") == 0).select(
-        "tp_id", F.coalesce("response_time", "request_time").alias("ok_time")
+def _thin(rows: DataFrame, probed: DataFrame, keys: list[str], time: str) -> DataFrame:
+    """``rows`` (``keys``, ``time``) reduced to (``keys``, ``time``: the earliest, ``_w``: how
+    many rows it stands for): per distinct ``time`` in the (``keys``, bucket) pairs of
+    ``probed``, per (``keys``, bucket) elsewhere. Between two probes every row of an unprobed
+    bucket counts or not together, and only its earliest can be a first; one hash aggregate
+    instead of sorting every row (any bucket size gives the same results)."""
+    flagged = rows.withColumn("_b", _bucket(time)).join(F.broadcast(probed), [*keys, "_b"], "left")
+    exact = F.when(F.col("_probed"), F.col(time)).alias("_exact")
+    return (
+        flagged.groupBy(*keys, "_b", exact)
+        .agg(F.min(time).alias(time), F.count(F.lit(1)).alias("_w"))
+        .drop("_b", "_exact")
     )
-    # A success in a time bucket without an error of its partition can only be an answer if it
-    # is the bucket's first: keep every success only in buckets with an error, else the first.
-    error_buckets = errors.select("tp_id", _bucket("error_time").alias("_b"), F.lit(True).alias("_probed"))
-    successes = _thin(ok, error_buckets.distinct(), "tp_id", "ok_time", F.min("ok_time").alias("ok_time"))
+
+
+def _keyed(kind: int, key: str, time: str | F.Column) -> F.Column:
+    """One thinning row: ``_kind``, ``_key`` (a tp_id or btp_id), ``_t``."""
+    t = F.col(time) if isinstance(time, str) else time
+    return F.struct(F.lit(kind).alias("_kind"), F.col(key).cast("long").alias("_key"), t.alias("_t"))
+
+
+def _in_play(errors: DataFrame) -> DataFrame:
+    """Per (client, broker, topic, partition) with errors: its ``btp_id`` and first error time."""
+    return errors.groupBy("btp_id", *_BTP).agg(F.min("error_time").alias("_from"))
+
+
+def _request_buckets(errors: DataFrame) -> DataFrame:
+    """(``btp_id``, ``_b``): the time buckets holding a probe of :func:`_count_requests_between`."""
+    starts, ends = _probes(errors)
+    return starts.unionByName(ends).select("btp_id", _bucket("_t").alias("_b"))
+
+
+def _thinned_results(errors: DataFrame, touched: DataFrame) -> DataFrame:
+    """The ``touched`` partition results, thinned (:func:`_thin`) in one pass for both uses:
+    ``_kind`` 0, the successes per ``_key`` = ``tp_id`` (time: when answered); ``_kind`` 1,
+    the requests per ``_key`` = ``btp_id`` after the first error there (time: when sent)."""
+    events = F.array(
+        F.when(F.col("error_code") == 0, _keyed(0, "tp_id", F.coalesce("response_time", "request_time"))),
+        F.when(F.col("request_time") > F.col("_from"), _keyed(1, "btp_id", "request_time")),
+    )
+    rows = (
+        touched.join(F.broadcast(_in_play(errors)), _BTP, "left")
+        .select(F.explode(events).alias("e"))
+        .where(F.col("e").isNotNull())
+        .select("e.*")
+    )
+    success_buckets = errors.select(
+        F.lit(0).alias("_kind"), F.col("tp_id").cast("long").alias("_key"), _bucket("error_time").alias("_b")
+    )
+    request_buckets = _request_buckets(errors).select(
+        F.lit(1).alias("_kind"), F.col("btp_id").cast("long").alias("_key"), "_b"
+    )
+    probed = success_buckets.unionByName(request_buckets).distinct().withColumn("_probed", F.lit(True))
+    return _thin(rows, probed, ["_kind", "_key"], "_t")
+
+
+def _first_success(errors: DataFrame, successes: DataFrame) -> DataFrame:
+    """Per ``error_id``: ``success_time``, the first error-free result for the error's
+    partition after it, from any broker (``successes``: ``tp_id``, ``ok_time``)."""
     probes = errors.select("error_id", "tp_id", "error_time")
     return next_time_after(probes, successes, ["tp_id"], "error_time", "ok_time", "success_time").select(
         "error_id", "success_time"
     )
 
 
-def _thin(rows: DataFrame, probed: DataFrame, key: str, time: str, *aggs: F.Column) -> DataFrame:
-    """``rows`` (``key``, ``time``, ...) aggregated by ``aggs``: per distinct ``time`` in the
-    (``key``, bucket) pairs of ``probed``, per (``key``, bucket) elsewhere. One hash aggregate
-    instead of sorting every row."""
-    flagged = rows.withColumn("_b", _bucket(time)).join(F.broadcast(probed), [key, "_b"], "left")
-    exact = F.when(F.col("_probed"), F.col(time)).alias("_exact")
-    return flagged.groupBy(key, "_b", exact).agg(*aggs).drop("_b", "_exact")
-
-
-def _requests_in_play(exchanges: DataFrame, errors: DataFrame, touched: DataFrame) -> DataFrame:
-    """``(btp_id, request_time)`` of the requests for an errored partition to its broker after
-    its first error there: those whose response lists it, plus (no response: unanswered,
-    acks=0) those naming its topic, fanned out to the partitions that had errors."""
-    in_play = errors.groupBy("btp_id", *_BTP).agg(F.min("error_time").alias("_from"))
-    listed = (
-        touched.select(*_BTP, "request_time")
-        .join(F.broadcast(in_play), _BTP)
-        .where(F.col("request_time") > F.col("_from"))
-        .select("btp_id", "request_time")
-    )
+def _unlisted_requests(exchanges: DataFrame, errors: DataFrame) -> DataFrame:
+    """(``btp_id``, ``request_time``, ``_w``) of the requests without partition results
+    (unanswered, acks=0) naming an errored partition's topic, to its broker after its first
+    error there, fanned out to the partitions that had errors and thinned like the listed ones."""
     no_result = exchanges.where(
         ((F.size("partition_errors") <= 0) | F.col("partition_errors").isNull()) & (F.size("topics") > 0)
     ).select(
@@ -158,11 +185,12 @@ def _requests_in_play(exchanges: DataFrame, errors: DataFrame, touched: DataFram
         F.explode("topics").alias("topic"),
     )
     by_topic = (
-        no_result.join(F.broadcast(in_play), ["client_key", "broker_ip", "broker_port", "topic"])
+        no_result.join(F.broadcast(_in_play(errors)), ["client_key", "broker_ip", "broker_port", "topic"])
         .where(F.col("request_time") > F.col("_from"))
         .select("btp_id", "request_time")
     )
-    return listed.unionByName(by_topic)
+    probed = _request_buckets(errors).distinct().withColumn("_probed", F.lit(True))
+    return _thin(by_topic, probed, ["btp_id"], "request_time")
 
 
 def error_reaction(
@@ -193,8 +221,15 @@ def error_reaction(
         .where(F.coalesce("response_time", "request_time") > F.col("_first_err"))
         .select("tp_id", *_BTP, "request_time", "response_time", "error_code", "_last_err")
     )
-    requests = _requests_in_play(exchanges, errors, touched)
-    errors = errors.join(_first_success(errors, touched), "error_id", "left").join(
+    thinned = _thinned_results(errors, touched).cache()  # one pass over touched, read twice
+    successes = thinned.where(F.col("_kind") == 0).select(
+        F.col("_key").alias("tp_id"), F.col("_t").alias("ok_time")
+    )
+    listed = thinned.where(F.col("_kind") == 1).select(
+        F.col("_key").alias("btp_id"), F.col("_t").alias("request_time"), "_w"
+    )
+    requests = listed.unionByName(_unlisted_requests(exchanges, errors))
+    errors = errors.join(_first_success(errors, successes), "error_id", "left").join(
         _count_requests_between(errors, requests), "error_id", "left"
     )
 

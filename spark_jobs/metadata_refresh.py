@@ -136,9 +136,13 @@ def stale_windows(exchanges: DataFrame) -> DataFrame:
         .select(F.col("p.topic_id").alias("used"), F.col("p.topic").alias("named"))
         .distinct()
     )
+    # A client sends the same few topic lists over and over: take each list's first use (a
+    # hash aggregate over all rows), then explode only those.
     touched_topics = (
-        exchanges.where(F.col("status") != "orphan_response")
-        .select(client_key().alias("client_key"), event_time().alias("ts"), F.explode("topics").alias("used"))
+        exchanges.where((F.col("status") != "orphan_response") & (F.size("topics") > 0))
+        .groupBy(client_key().alias("client_key"), "topics")
+        .agg(F.min(event_time()).alias("ts"))
+        .select("client_key", "ts", F.explode("topics").alias("used"))
         .join(F.broadcast(ids), "used", "left")
         .select("client_key", "ts", F.coalesce("named", "used").alias("topic"))
         .groupBy("client_key", "topic")

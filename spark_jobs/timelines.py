@@ -15,6 +15,7 @@ from spark_jobs.common import (
     api_name,
     client_key,
     error_name,
+    has_error,
     histogram_quantiles,
     latency_histogram,
     ordered,
@@ -63,7 +64,7 @@ def error_timeline(exchanges: DataFrame, *, bucket_s: int = 60) -> DataFrame:
         F.coalesce("error_name", error_name(F.col("error_code"))).alias("name"),
     )
     per_part = (
-        answered.where(F.exists("partition_errors", lambda p: p["error_code"] != 0))
+        answered.where(has_error("partition_errors"))
         .select("bucket", "client_key", "client_id", "client_ip", F.explode("partition_errors").alias("p"))
         .where(F.col("p.error_code") != 0)
         .select("bucket", "client_key", "client_id", "client_ip", F.col("p.error_code").alias("error_code"))

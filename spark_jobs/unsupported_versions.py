@@ -248,7 +248,7 @@ def unsupported_versions(
     in the data). ``silence_s``: how long an unanswered request's connection must stay silent
     before the end of the data to count as the old-broker signature (a close counts at once).
     """
-    req = _requests(exchanges)
+    req = _requests(exchanges).cache()  # a few thousand groups, read by up to three references
     parts = [
         _versus_advertised(req, exchanges),
         _error_35(req),
