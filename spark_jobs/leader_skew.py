@@ -27,23 +27,34 @@ METADATA = 3
 
 def latest_partitions(exchanges: DataFrame) -> DataFrame:
     """(topic, partition, leader, leader_epoch, replicas, isr, as_of) as last reported."""
-    parts = exchanges.where(
+    responses = exchanges.where(
         (F.col("api_key") == METADATA)
         & F.col("response_time").isNotNull()
         & (F.size("metadata_partitions") > 0)
-    ).select("response_time", F.explode("metadata_partitions").alias("p"))
-    parts = parts.select(
+    ).select("response_time", "metadata_partitions")
+
+    def listed(rows: DataFrame) -> DataFrame:
+        return rows.select(F.col("response_time").alias("as_of"), F.explode("metadata_partitions").alias("p"))
+
+    # The latest time per partition with a hash aggregate over just the keys (a max_by of the
+    # struct would sort every row); then only the responses holding a latest entry are
+    # exploded whole, not every Metadata response again.
+    latest = (
+        listed(responses)
+        .select(F.coalesce(F.col("p.topic"), F.col("p.topic_id")).alias("topic"), "p.partition", "as_of")
+        .groupBy("topic", "partition")
+        .agg(F.max("as_of").alias("as_of"))
+    )
+    latest_times = latest.select(F.col("as_of").alias("response_time")).distinct()
+    parts = listed(responses.join(F.broadcast(latest_times), "response_time", "left_semi")).select(
         F.coalesce(F.col("p.topic"), F.col("p.topic_id")).alias("topic"),
         F.col("p.partition").alias("partition"),
         F.col("p.leader").alias("leader"),
         F.col("p.leader_epoch").alias("leader_epoch"),
         F.coalesce(F.col("p.replicas"), F.array().cast("array<int>")).alias("replicas"),
         F.col("p.isr").alias("isr"),
-        F.col("response_time").alias("as_of"),
+        "as_of",
     )
-    # The latest time per partition with a hash aggregate, then the rows at that time (a max_by
-    # of the struct would sort every row).
-    latest = parts.groupBy("topic", "partition").agg(F.max("as_of").alias("as_of"))
     return parts.join(latest, ["topic", "partition", "as_of"]).dropDuplicates(["topic", "partition"])
 
 
