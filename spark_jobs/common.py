@@ -193,8 +193,8 @@ def with_window_end(df: DataFrame, exchanges: DataFrame, name: str = "window_end
 
 def has_error(entries: str, codes: list[int] | None = None) -> Column:
     """Whether any entry of the struct array column ``entries`` has an ``error_code`` in
-    ``codes`` (None: any non-zero code). Array functions, which Spark compiles; a lambda
-    (``F.exists``) would be interpreted row by row, twice the cost of a 10M-row scan."""
+    ``codes`` (None: any non-zero code). Built from array functions, which Spark compiles: a
+    lambda (``F.exists``) is interpreted row by row and made a 10M-row filter twice as slow."""
     found = F.col(f"{entries}.error_code")
     if codes is None:
         return (F.array_max(found) > 0) | (F.array_min(found) < 0)

@@ -127,27 +127,26 @@ def _keyed(kind: int, key: str, time: str | F.Column) -> F.Column:
     return F.struct(F.lit(kind).alias("_kind"), F.col(key).cast("long").alias("_key"), t.alias("_t"))
 
 
-def _in_play(errors: DataFrame) -> DataFrame:
-    """Per (client, broker, topic, partition) with errors: its ``btp_id`` and first error time."""
-    return errors.groupBy("btp_id", *_BTP).agg(F.min("error_time").alias("_from"))
-
-
 def _request_buckets(errors: DataFrame) -> DataFrame:
-    """(``btp_id``, ``_b``): the time buckets holding a probe of :func:`_count_requests_between`."""
+    """(``btp_id``, ``_b``): the distinct time buckets holding a probe of
+    :func:`_count_requests_between`."""
     starts, ends = _probes(errors)
-    return starts.unionByName(ends).select("btp_id", _bucket("_t").alias("_b"))
+    return starts.unionByName(ends).select("btp_id", _bucket("_t").alias("_b")).distinct()
 
 
-def _thinned_results(errors: DataFrame, touched: DataFrame) -> DataFrame:
+def _thinned_results(
+    errors: DataFrame, touched: DataFrame, in_play: DataFrame, request_buckets: DataFrame
+) -> DataFrame:
     """The ``touched`` partition results, thinned (:func:`_thin`) in one pass for both uses:
     ``_kind`` 0, the successes per ``_key`` = ``tp_id`` (time: when answered); ``_kind`` 1,
-    the requests per ``_key`` = ``btp_id`` after the first error there (time: when sent)."""
+    the requests per ``_key`` = ``btp_id`` after the first error there (``in_play``'s
+    ``_from``; time: when sent)."""
     events = F.array(
         F.when(F.col("error_code") == 0, _keyed(0, "tp_id", F.coalesce("response_time", "request_time"))),
         F.when(F.col("request_time") > F.col("_from"), _keyed(1, "btp_id", "request_time")),
     )
     rows = (
-        touched.join(F.broadcast(_in_play(errors)), _BTP, "left")
+        touched.join(F.broadcast(in_play), _BTP, "left")
         .select(F.explode(events).alias("e"))
         .where(F.col("e").isNotNull())
         .select("e.*")
@@ -155,10 +154,13 @@ def _thinned_results(errors: DataFrame, touched: DataFrame) -> DataFrame:
     success_buckets = errors.select(
         F.lit(0).alias("_kind"), F.col("tp_id").cast("long").alias("_key"), _bucket("error_time").alias("_b")
     )
-    request_buckets = _request_buckets(errors).select(
-        F.lit(1).alias("_kind"), F.col("btp_id").cast("long").alias("_key"), "_b"
+    probed = (
+        success_buckets.unionByName(
+            request_buckets.select(F.lit(1).alias("_kind"), F.col("btp_id").cast("long").alias("_key"), "_b")
+        )
+        .distinct()
+        .withColumn("_probed", F.lit(True))
     )
-    probed = success_buckets.unionByName(request_buckets).distinct().withColumn("_probed", F.lit(True))
     return _thin(rows, probed, ["_kind", "_key"], "_t")
 
 
@@ -171,7 +173,7 @@ def _first_success(errors: DataFrame, successes: DataFrame) -> DataFrame:
     )
 
 
-def _unlisted_requests(exchanges: DataFrame, errors: DataFrame) -> DataFrame:
+def _unlisted_requests(exchanges: DataFrame, in_play: DataFrame, request_buckets: DataFrame) -> DataFrame:
     """(``btp_id``, ``request_time``, ``_w``) of the requests without partition results
     (unanswered, acks=0) naming an errored partition's topic, to its broker after its first
     error there, fanned out to the partitions that had errors and thinned like the listed ones."""
@@ -185,12 +187,11 @@ def _unlisted_requests(exchanges: DataFrame, errors: DataFrame) -> DataFrame:
         F.explode("topics").alias("topic"),
     )
     by_topic = (
-        no_result.join(F.broadcast(_in_play(errors)), ["client_key", "broker_ip", "broker_port", "topic"])
+        no_result.join(F.broadcast(in_play), ["client_key", "broker_ip", "broker_port", "topic"])
         .where(F.col("request_time") > F.col("_from"))
         .select("btp_id", "request_time")
     )
-    probed = _request_buckets(errors).distinct().withColumn("_probed", F.lit(True))
-    return _thin(by_topic, probed, ["btp_id"], "request_time")
+    return _thin(by_topic, request_buckets.withColumn("_probed", F.lit(True)), ["btp_id"], "request_time")
 
 
 def error_reaction(
@@ -212,23 +213,23 @@ def error_reaction(
     errors = errors.cache()
     # Only partitions that had errors matter, and only from their first error on: one pass over
     # all partition results keeps those, for the successes and the requests below.
-    spans = errors.groupBy("tp_id", *_TP).agg(
-        F.min("error_time").alias("_first_err"), F.max("error_time").alias("_last_err")
-    )
+    spans = errors.groupBy("tp_id", *_TP).agg(F.min("error_time").alias("_first_err"))
     touched = (
         partition_results(exchanges)
         .join(F.broadcast(spans), _TP)
         .where(F.coalesce("response_time", "request_time") > F.col("_first_err"))
-        .select("tp_id", *_BTP, "request_time", "response_time", "error_code", "_last_err")
+        .select("tp_id", *_BTP, "request_time", "response_time", "error_code")
     )
-    thinned = _thinned_results(errors, touched).cache()  # one pass over touched, read twice
+    in_play = errors.groupBy("btp_id", *_BTP).agg(F.min("error_time").alias("_from"))
+    request_buckets = _request_buckets(errors)
+    thinned = _thinned_results(errors, touched, in_play, request_buckets).cache()  # read twice
     successes = thinned.where(F.col("_kind") == 0).select(
         F.col("_key").alias("tp_id"), F.col("_t").alias("ok_time")
     )
     listed = thinned.where(F.col("_kind") == 1).select(
         F.col("_key").alias("btp_id"), F.col("_t").alias("request_time"), "_w"
     )
-    requests = listed.unionByName(_unlisted_requests(exchanges, errors))
+    requests = listed.unionByName(_unlisted_requests(exchanges, in_play, request_buckets))
     errors = errors.join(_first_success(errors, successes), "error_id", "left").join(
         _count_requests_between(errors, requests), "error_id", "left"
     )
