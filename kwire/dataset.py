@@ -9,6 +9,7 @@ DuckDB, ``kwire analyze`` on a live proxy's output) never sees a partial file.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,11 @@ DEFAULT_ROW_GROUP_ROWS = 64_000
 class TableWriter:
     """Rows of one table, spread over one open file per date partition."""
 
-    def __init__(self, root: Path, schema: pa.Schema, prefix: str, row_group_rows: int) -> None:
+    def __init__(
+        self, root: Path, schema: pa.Schema, prefix: str, row_group_rows: int, convert_rows: int | None = None
+    ) -> None:
         self.root = root
+        self.convert_rows = convert_rows
         self.schema = schema
         self.file_schema = schema.remove(schema.get_field_index("date"))
         self._row_type = pa.struct(list(self.file_schema))
@@ -49,10 +53,7 @@ class TableWriter:
         rows = self._buffers.pop(date, None)
         if not rows:
             return
-        # one conversion of the row dicts as structs (keys not in the schema, such as the
-        # partition's date, are ignored): about twice as fast as Table.from_pylist
-        batch = pa.RecordBatch.from_struct_array(pa.array(rows, type=self._row_type))
-        table = pa.Table.from_batches([batch], schema=self.file_schema)
+        table = pa.Table.from_batches(self._batches(rows), schema=self.file_schema)
         if date not in self._writers:
             folder = self.root / f"date={date}"
             folder.mkdir(parents=True, exist_ok=True)
@@ -63,6 +64,24 @@ class TableWriter:
             self._writers[date] = (writer, temporary, final)
         self._writers[date][0].write_table(table, row_group_size=self.row_group_rows)
         self.rows_written += len(rows)
+
+    def _batches(self, rows: list[dict[str, Any]]) -> list[pa.RecordBatch]:
+        # The row dicts converted as structs (keys not in the schema, such as the
+        # partition's date, are ignored): about twice as fast as Table.from_pylist. One
+        # conversion holds the GIL from start to end (no bytecode runs inside it, so the
+        # switch interval cannot cut in), about 15 us per exchange row: in a proxy, 3,000
+        # rows at once stalled forwarding for 45 ms, and a 100,000-row flush would stall
+        # it for over a second. With ``convert_rows`` set, rows are converted that many
+        # at a time and other threads get the GIL in between (about 10% more conversion
+        # CPU at 128; the Parquet write of the pieces runs without the GIL).
+        size = self.convert_rows or len(rows)
+        batches = []
+        for start in range(0, len(rows), size):
+            structs = pa.array(rows[start : start + size], type=self._row_type)
+            batches.append(pa.RecordBatch.from_struct_array(structs))
+            if self.convert_rows:
+                time.sleep(0)  # let a thread waiting for the GIL (the proxy's loop) run
+        return batches
 
     def roll(self) -> None:
         """Write what is buffered and close every open file (they become visible)."""
@@ -83,11 +102,18 @@ class DatasetWriter:
         *,
         row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
         prefix: str | None = None,
+        convert_rows: int | None = None,
     ) -> None:
+        """``convert_rows``: convert rows to Arrow that many at a time (see ``TableWriter``), for
+        writers in a thread beside latency-sensitive work; None converts each row group at once."""
         self.root = Path(root)
         prefix = prefix or f"part-{uuid.uuid4().hex[:12]}"
-        self.exchanges = TableWriter(self.root / "exchanges", EXCHANGES_SCHEMA, prefix, row_group_rows)
-        self.connections = TableWriter(self.root / "connections", CONNECTIONS_SCHEMA, prefix, row_group_rows)
+        self.exchanges = TableWriter(
+            self.root / "exchanges", EXCHANGES_SCHEMA, prefix, row_group_rows, convert_rows
+        )
+        self.connections = TableWriter(
+            self.root / "connections", CONNECTIONS_SCHEMA, prefix, row_group_rows, convert_rows
+        )
 
     def roll(self) -> None:
         """Close the current files of both tables (the next rows start new files)."""

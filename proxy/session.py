@@ -47,6 +47,15 @@ log = logging.getLogger("kwire.proxy")
 _RESPONSE_HEAD = struct.Struct(">ii").unpack_from
 _FRAME_LIMIT = 100 << 20
 _time_ns = time.time_ns
+#: Bytes asked of the kernel per read (asyncio's default is 256 KB). Under load, 1 MB reads
+#: took about 10% less proxy CPU per MB forwarded (fewer wake-ups, reads and recorder items).
+_READ_SIZE = 1 << 20
+
+
+def _read_large(transport: asyncio.BaseTransport) -> None:
+    """Let a plain socket transport read up to ``_READ_SIZE`` at a time (TLS ones keep theirs)."""
+    if hasattr(transport, "max_size"):
+        transport.max_size = _READ_SIZE  # type: ignore[attr-defined]
 
 
 class _Inflight:
@@ -70,10 +79,12 @@ class ClientProtocol(asyncio.Protocol):
         self.session: Session | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        _read_large(transport)
         self.session = Session(self.proxy, transport, self.targets())  # type: ignore[arg-type]
 
     def data_received(self, data: bytes) -> None:
         self.session.from_client(data)  # type: ignore[union-attr]
+        self.proxy.recorder.catch_up()  # after forwarding: what came in is on its way
 
     def eof_received(self) -> bool:
         self.session.client_gone(None)  # type: ignore[union-attr]
@@ -96,8 +107,12 @@ class _UpstreamProtocol(asyncio.Protocol):
     def __init__(self, session: Session) -> None:
         self.session = session
 
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        _read_large(transport)
+
     def data_received(self, data: bytes) -> None:
         self.session.from_upstream(data)
+        self.session.recorder.catch_up()  # after forwarding: what came in is on its way
 
     def eof_received(self) -> bool:
         self.session.upstream_gone(None)
@@ -185,6 +200,7 @@ class Session:
             backlog, self.c_backlog = self.c_backlog or [], None
             for data, ts in backlog:
                 self._from_client(data, ts)
+            self.recorder.catch_up()
             self.pause_client("connecting", False)
             return
         self.metrics.upstream_failures += 1

@@ -495,6 +495,13 @@ def test_layout_partitions_and_row_groups(tmp_path: Path) -> None:
     assert metadata.num_row_groups >= 4
     assert all(metadata.row_group(i).num_rows <= 50 for i in range(metadata.num_row_groups))
     assert comparable(read_table(tmp_path / "small")) == comparable(rows)
+    # converted a few rows at a time (as the proxy's writer does): the same rows, in order
+    writer = DatasetWriter(tmp_path / "sliced", convert_rows=7)
+    with writer:
+        decode_captures([CAPTURES / "tansu-mixed.pcap"], writer.exchanges.append, writer.connections.append)
+    assert len(rows) % 7 and len(rows) > 7  # a last, shorter slice is exercised
+    assert comparable(read_table(tmp_path / "sliced")) == comparable(rows)
+    assert read_table(tmp_path / "sliced", "connections") == read_table(out, "connections")
 
 
 def test_quiet_and_no_progress_bar_off_a_terminal(tmp_path: Path) -> None:
