@@ -1,10 +1,15 @@
 """What ``kwire proxy`` costs: the same load direct to Tansu, through kwire proxy, through tansu proxy.
 
-One run, one Tansu broker (memory storage), three paths to it:
+One run, Tansu brokers (memory storage, a fresh one for each path in each round), and the
+paths to them:
 
 * ``direct``: clients talk to the broker;
 * ``kwire``: ``kwire proxy`` with recording on (``-o`` a temporary dataset, 10 s flushes);
-* ``tansu``: Tansu's own Kafka proxy (``<tansu> proxy``), from the same binary.
+* ``tansu``: Tansu's own Kafka proxy (``<tansu> proxy``), from the same binary;
+* ``socat``: a native byte forwarder (``socat``, 256 KB buffers, one process per
+  connection) in front of a broker that advertises socat's port, so clients stay on it
+  without any rewriting. It is not a Kafka proxy: it only shows what one more
+  TCP hop through a user-space process costs on this machine, the floor for any proxy.
 
 For each path (confluent-kafka, 1 KB records, acks=all):
 
@@ -17,12 +22,17 @@ For each path (confluent-kafka, 1 KB records, acks=all):
    directions counted, plus whatever the proxy still burns once the consumer is done, e.g.
    a recorder catching up; less sensitive to machine load than throughput).
 
-``--repeat N`` runs the three paths N times, interleaved (direct, kwire, tansu, direct, ...),
-prints every round and then the median of each column: the machine is small (2 cores) and
-shared, so one round says little. ``--modes`` picks paths (``direct`` is always run first,
-as the reference).
+``--repeat N`` runs N rounds and prints each, then the median of each column: the machine
+is small (2 cores) and shared, and its speed drifts, so one round says little. A round
+starts every path's proxy, warms the machine up with an unmeasured produce burst, runs the
+throughput phases back to back, then the latency phases, so the paths it compares ran
+within seconds of each other. The order rotates from round to round (round 1 starts with
+``direct``, round 2 with the next path, ...): the first phase after a quiet spell runs
+slower here, and a fixed order would hand that to one path every time. ``--modes`` picks
+paths (``direct`` always runs, as the reference); the default 4 rounds start each of the 4
+paths once.
 
-Usage: ``python bench/proxy_overhead.py [--records 100000] [--rate 300] [--seconds 5] [--repeat 3]``.
+Usage: ``python bench/proxy_overhead.py [--records 300000] [--rate 300] [--seconds 5] [--repeat 4]``.
 """
 
 from __future__ import annotations
@@ -50,11 +60,25 @@ from proxy.embedded import ProxyProcess  # noqa: E402
 RECORD = b"x" * 1024
 
 
+def _stat_fields(pid: int | str) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def cpu_seconds(pid: int | None) -> float:
+    """User+system CPU of ``pid`` and of its children, live or reaped (socat forks one per connection)."""
     if pid is None:
         return 0.0
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    ticks = sum(int(f) for f in _stat_fields(pid)[11:15])
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = _stat_fields(entry.name)
+        except OSError:  # gone meanwhile
+            continue
+        if fields[1] == str(pid):
+            ticks += sum(int(f) for f in fields[11:15])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -195,71 +219,135 @@ def latency(bootstrap: str, topic: str, rate: int, seconds: float) -> dict[str, 
     }
 
 
-def run_mode(mode: str, broker: Any, workdir: Path, args: argparse.Namespace, tag: str) -> dict[str, Any]:
-    """One path: start its proxy (if any), run both phases, stop it."""
-    pid = None
-    proxy: Any = None
-    tansu_proc = None
-    result: dict[str, Any] = {}
-    dataset = workdir / f"dataset-{tag}"
-    if mode == "direct":
-        bootstrap = broker.bootstrap
-    elif mode == "kwire":
-        proxy = ProxyProcess(
-            [
-                "--bootstrap",
-                broker.bootstrap,
-                "--listen",
-                "127.0.0.1:0",
-                "--broker-port-base",
-                "0",
-                "-o",
-                str(dataset),
-                "--log-level",
-                "warning",
-            ]
-        ).start()
-        bootstrap, pid = f"127.0.0.1:{proxy.port}", proxy.proc.pid
-    else:
-        port = free_port()
-        tansu_proc = subprocess.Popen(
-            [
-                tansu_binary(),
-                "proxy",
-                "--listener-url",
-                f"tcp://127.0.0.1:{port}",
-                "--advertised-listener-url",
-                f"tcp://127.0.0.1:{port}",
-                "--origin-url",
-                f"tcp://{broker.bootstrap}",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env={**os.environ, "NO_COLOR": "1"},
-        )
-        time.sleep(1.0)
-        bootstrap, pid = f"127.0.0.1:{port}", tansu_proc.pid
-    try:
-        print(f"[{tag}] throughput ({args.records} x 1 KB, acks=all) ...", file=sys.stderr, flush=True)
-        result = throughput(bootstrap, f"bench-{tag}", args.records, pid)
-        print(f"[{tag}] latency at {args.rate}/s for {args.seconds:.0f}s ...", file=sys.stderr, flush=True)
-        result.update(latency(bootstrap, f"bench-lat-{tag}", args.rate, args.seconds))
-    finally:
-        if proxy is not None:
-            result["kwire_exit_code"] = proxy.terminate()
-            rows = 0
+class BenchPath:
+    """One way to a broker of its own: ``direct``, or a proxy process, started for one round.
+
+    Every path gets a fresh broker (for ``socat``, one that advertises socat's port), so no
+    path meets a broker already filled by the paths before it.
+    """
+
+    def __init__(self, mode: str, workdir: Path, tag: str) -> None:
+        self.broker = TansuBroker(advertised_port=free_port() if mode == "socat" else None).start()
+        try:
+            self._start(mode, workdir, tag)
+        except BaseException:
+            self.broker.stop()
+            raise
+
+    def _start(self, mode: str, workdir: Path, tag: str) -> None:
+        broker = self.broker
+        self.mode = mode
+        self.tag = tag
+        self.dataset = workdir / f"dataset-{tag}"
+        self.proxy: ProxyProcess | None = None
+        self.forwarder: subprocess.Popen[bytes] | None = None
+        self.pid: int | None = None
+        if mode == "direct":
+            self.bootstrap = broker.bootstrap
+        elif mode == "kwire":
+            self.proxy = ProxyProcess(
+                [
+                    "--bootstrap",
+                    broker.bootstrap,
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--broker-port-base",
+                    "0",
+                    "-o",
+                    str(self.dataset),
+                    "--log-level",
+                    "warning",
+                ]
+            ).start()
+            self.bootstrap, self.pid = f"127.0.0.1:{self.proxy.port}", self.proxy.proc.pid
+        elif mode == "tansu":
+            port = free_port()
+            self.forwarder = subprocess.Popen(
+                [
+                    tansu_binary(),
+                    "proxy",
+                    "--listener-url",
+                    f"tcp://127.0.0.1:{port}",
+                    "--advertised-listener-url",
+                    f"tcp://127.0.0.1:{port}",
+                    "--origin-url",
+                    f"tcp://{broker.bootstrap}",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env={**os.environ, "NO_COLOR": "1"},
+            )
+            self.bootstrap, self.pid = f"127.0.0.1:{port}", self.forwarder.pid
+        else:
+            port = broker.advertised_port
+            self.forwarder = subprocess.Popen(
+                [
+                    "socat",
+                    "-b",
+                    str(256 << 10),
+                    f"TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork,nodelay",
+                    f"TCP:{broker.bootstrap},nodelay",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            self.bootstrap, self.pid = f"127.0.0.1:{port}", self.forwarder.pid
+
+    def stop(self) -> dict[str, Any]:
+        """Stop the proxy and the broker; for kwire, its exit code and the rows it recorded."""
+        result: dict[str, Any] = {}
+        if self.proxy is not None:
+            result["kwire_exit_code"] = self.proxy.terminate()
             try:
                 import pyarrow.dataset as ds
 
-                rows = ds.dataset(dataset / "exchanges", partitioning="hive").count_rows()
+                result["rows_recorded"] = ds.dataset(
+                    self.dataset / "exchanges", partitioning="hive"
+                ).count_rows()
             except Exception:
-                pass
-            result["rows_recorded"] = rows
-            shutil.rmtree(dataset, ignore_errors=True)
-        if tansu_proc is not None:
-            tansu_proc.terminate()
-            tansu_proc.wait(10)
-    return result
+                result["rows_recorded"] = 0
+            shutil.rmtree(self.dataset, ignore_errors=True)
+        if self.forwarder is not None:
+            self.forwarder.terminate()
+            self.forwarder.wait(10)
+        self.broker.stop()
+        return result
+
+
+def run_round(
+    modes: list[str], workdir: Path, args: argparse.Namespace, index: int
+) -> dict[str, dict[str, Any]]:
+    """One round: every path's throughput phase back to back, then every path's latency phase.
+
+    The machine's speed drifts; measuring the paths' throughput within seconds of each other
+    keeps that drift out of each round's "% direct" as far as possible.
+    """
+    paths: list[BenchPath] = []
+    results: dict[str, dict[str, Any]] = {mode: {} for mode in modes}
+    try:
+        for mode in modes:
+            paths.append(BenchPath(mode, workdir, f"{mode}-{index}"))
+        time.sleep(1.0)  # let the proxies' listeners come up
+        direct = next(path for path in paths if path.mode == "direct")
+        throughput(direct.bootstrap, f"warm-up-{index}", args.records // 5, None)
+        for path in paths:
+            print(
+                f"[{path.tag}] throughput ({args.records} x 1 KB, acks=all) ...", file=sys.stderr, flush=True
+            )
+            results[path.mode].update(throughput(path.bootstrap, f"bench-{path.tag}", args.records, path.pid))
+        for path in paths:
+            print(
+                f"[{path.tag}] latency at {args.rate}/s for {args.seconds:.0f}s ...",
+                file=sys.stderr,
+                flush=True,
+            )
+            results[path.mode].update(
+                latency(path.bootstrap, f"bench-lat-{path.tag}", args.rate, args.seconds)
+            )
+    finally:
+        for path in paths:
+            results[path.mode].update(path.stop())
+    return results
 
 
 HEADER = (
@@ -287,31 +375,40 @@ def table(results: dict[str, dict[str, Any]]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--records", type=int, default=300_000)
     parser.add_argument("--rate", type=int, default=300, help="records/s in the latency phase")
     parser.add_argument("--seconds", type=float, default=5.0, help="length of the latency phase")
-    parser.add_argument("--repeat", type=int, default=1, help="rounds (interleaved); medians are printed")
+    parser.add_argument("--repeat", type=int, default=4, help="rounds (interleaved); medians are printed")
     parser.add_argument(
-        "--modes", default="direct,kwire,tansu", help="comma-separated paths (direct always runs)"
+        "--modes",
+        default="direct,kwire,tansu,socat",
+        help="comma-separated paths (direct always runs; socat only if installed)",
     )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     modes = ["direct"] + [m for m in args.modes.split(",") if m and m != "direct"]
     for mode in modes:
-        if mode not in ("direct", "kwire", "tansu"):
+        if mode not in ("direct", "kwire", "tansu", "socat"):
             parser.error(f"unknown mode {mode!r}")
+    if "socat" in modes and shutil.which("socat") is None:
+        print(
+            "socat not found (bash scripts/install-system-deps installs it): skipping that path",
+            file=sys.stderr,
+        )
+        modes.remove("socat")
 
     rounds: list[dict[str, dict[str, Any]]] = []
     workdir = Path(tempfile.mkdtemp(prefix="kwire-bench-"))
     try:
-        with TansuBroker() as broker:
-            for i in range(args.repeat):
-                results = {mode: run_mode(mode, broker, workdir, args, f"{mode}-{i}") for mode in modes}
-                rounds.append(results)
-                if args.repeat > 1:
-                    print(f"round {i + 1}/{args.repeat}")
-                    table(results)
-                    sys.stdout.flush()
+        for i in range(args.repeat):
+            order = modes[i % len(modes) :] + modes[: i % len(modes)]
+            by_path = run_round(order, workdir, args, i)
+            results = {mode: by_path[mode] for mode in modes}  # printed in the given order
+            rounds.append(results)
+            if args.repeat > 1:
+                print(f"round {i + 1}/{args.repeat}")
+                table(results)
+                sys.stdout.flush()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -198,9 +198,16 @@ class TansuBroker:
     The broker's stdout and stderr go to ``log_path`` (shown when startup fails).
     """
 
-    def __init__(self, port: int | None = None, startup_timeout: float = 20.0, attempts: int = 3) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        startup_timeout: float = 20.0,
+        attempts: int = 3,
+        advertised_port: int | None = None,
+    ) -> None:
         self.host = HOST
         self.port = port or 0
+        self.advertised_port = advertised_port  # clients are told this port (a forwarder's) when set
         self.node_id: int | None = None
         self.startup_timeout = startup_timeout
         self.attempts = attempts if port is None else 1
@@ -233,7 +240,7 @@ class TansuBroker:
                 "--listener-url",
                 url,
                 "--advertised-listener-url",
-                url,
+                f"tcp://{self.host}:{self.advertised_port}" if self.advertised_port else url,
                 "--storage-engine",
                 "memory://tansu/",
             ]
