@@ -356,7 +356,7 @@ HEADER = (
 )
 
 
-def table(results: dict[str, dict[str, Any]]) -> None:
+def table(results: dict[str, dict[str, Any]], kwire_line: bool = True) -> None:
     direct = results["direct"]
     print(HEADER)
     for mode, r in results.items():
@@ -366,7 +366,7 @@ def table(results: dict[str, dict[str, Any]]) -> None:
             f"{r['p99_ms'] - direct['p99_ms']:8.2f} {r['proxy_cores_per_mb_s']:19.4f} "
             f"{r['proxy_cpu_ms_per_mb']:10.2f}"
         )
-    if "kwire" in results:
+    if kwire_line and "kwire" in results:
         print(
             f"kwire rows recorded: {results['kwire'].get('rows_recorded')}, exit code "
             f"{results['kwire'].get('kwire_exit_code')}"
@@ -424,11 +424,18 @@ def main() -> int:
             medians[mode]["pct_direct"] = statistics.median(
                 100 * r[mode]["produce_mb_s"] / r["direct"]["produce_mb_s"] for r in rounds
             )
-        table(medians)
+        table(medians, kwire_line=False)
         print(
             "median % direct per round: "
             + ", ".join(f"{mode} {medians[mode]['pct_direct']:.0f}%" for mode in modes if mode != "direct")
         )
+        if "kwire" in modes:
+            print(
+                "kwire rows recorded per round: "
+                + ", ".join(str(r["kwire"].get("rows_recorded")) for r in rounds)
+                + "; exit codes: "
+                + ", ".join(str(r["kwire"].get("kwire_exit_code")) for r in rounds)
+            )
     else:
         table(rounds[0])
     if args.json:
