@@ -50,7 +50,7 @@ from decoder.events import (
     Unanswered,
 )
 from decoder.fastclass import fast_constructor
-from decoder.primitives import Malformed, read_uvarint
+from decoder.primitives import Malformed, skip_tagged_fields
 from decoder.receivebuffer import ReceiveBuffer
 from decoder.skeleton import has_records, skeleton
 
@@ -97,19 +97,6 @@ _RESPONSE_CANDIDATE = re.compile(rb"(?=(?!\x00\x00\x00[\x00-\x03])[\x00-\x07][\x
 
 def _printable(text: str) -> bool:
     return text.isprintable()
-
-
-def _skip_tagged_fields(buf: Any, pos: int, end: int) -> int:
-    count, pos = read_uvarint(buf, pos)
-    if count > end - pos:
-        raise Malformed("header tagged field count exceeds the frame")
-    for _ in range(count):
-        _tag, pos = read_uvarint(buf, pos)
-        size, pos = read_uvarint(buf, pos)
-        pos += size
-    if pos > end:
-        raise Malformed("header tagged fields run past the frame")
-    return pos
 
 
 def _read_client_id(buf: Any, pos: int, end: int) -> tuple[str | None, int]:
@@ -166,7 +153,7 @@ def _request_decodes(buf: Any, pos: int, end: int) -> int:
         if header_version >= 1:
             client_id, body = _read_client_id(buf, body, end)
         if header_version >= 2:
-            body = _skip_tagged_fields(buf, body, end)
+            body = skip_tagged_fields(buf, body, end)
         _fields, stop = decoder(buf, body, end)
     except _DECODE_ERRORS:
         return _NO
@@ -468,7 +455,7 @@ class KafkaConnection:
                 if header_version >= 1:
                     _client_id, body = _read_client_id(head, body, len(head))
                 if header_version >= 2:
-                    body = _skip_tagged_fields(head, body, len(head))
+                    body = skip_tagged_fields(head, body, len(head))
             else:
                 direction_name = "response"
                 corr = _I32(head, 4)[0]
@@ -478,7 +465,7 @@ class KafkaConnection:
                     return False
                 api_key, api_version = request.api_key, request.api_version
                 header_version = protocol.response_header_version(api_key, api_version)
-                body = 8 if header_version < 1 else _skip_tagged_fields(head, 8, len(head))
+                body = 8 if header_version < 1 else skip_tagged_fields(head, 8, len(head))
         except _DECODE_ERRORS:
             return False
         if not has_records(direction_name, api_key, api_version):
@@ -756,7 +743,7 @@ class KafkaConnection:
             if header_version >= 1:
                 client_id, body = _read_client_id(buf, body, end)
             if header_version >= 2 and decoder is not None:
-                body = _skip_tagged_fields(buf, body, end)
+                body = skip_tagged_fields(buf, body, end)
             if decoder is None:
                 status = "unknown_api"
                 name = protocol.api_name(api_key)
@@ -856,7 +843,7 @@ class KafkaConnection:
             try:
                 body = pos + 8
                 if header_version >= 1:
-                    body = _skip_tagged_fields(buf, body, end)
+                    body = skip_tagged_fields(buf, body, end)
                 fields, stop = decoder(buf, body, end)
                 if stop > end:
                     raise Malformed(f"body runs {stop - end} bytes past the frame")

@@ -10,6 +10,7 @@ __all__ = [
     "Malformed",
     "read_uuid",
     "read_uvarint",
+    "skip_tagged_fields",
     "unpack_int16_array",
     "unpack_int32_array",
     "unpack_int64_array",
@@ -32,6 +33,20 @@ def read_uvarint(buf: Any, pos: int) -> tuple[int, int]:
             return value, pos
         shift += 7
     raise Malformed("unsigned varint longer than 5 bytes")
+
+
+def skip_tagged_fields(buf: Any, pos: int, end: int) -> int:
+    """The position after the tagged-field section at ``buf[pos]`` (a header's, say)."""
+    count, pos = read_uvarint(buf, pos)
+    if count > end - pos:
+        raise Malformed("tagged field count exceeds the frame")
+    for _ in range(count):
+        _tag, pos = read_uvarint(buf, pos)
+        size, pos = read_uvarint(buf, pos)
+        pos += size
+    if pos > end:
+        raise Malformed("tagged fields run past the frame")
+    return pos
 
 
 def read_uuid(buf: Any, pos: int) -> str:

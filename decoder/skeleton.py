@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from functools import cache
+from functools import lru_cache
 from typing import Any
 
 from decoder import protocol
@@ -33,7 +33,7 @@ def _records_in(fields: Sequence[Any]) -> bool:
     return any(f[1] == "records" or (f[5] and _records_in(f[5])) for f in fields)
 
 
-@cache
+@lru_cache(maxsize=4096)  # bounded: hostile streams may name any (key, version)
 def has_records(direction: str, api_key: int, api_version: int) -> bool:
     """True if (direction, api key, version) has a ``records`` field outside tagged fields."""
     entry = protocol.layout(direction, api_key, api_version)

@@ -72,7 +72,7 @@ def parse_request_head(buf: Any, pos: int, end: int) -> RequestHead | None:
     stop = min(end, pos + size)  # bytes of this frame at hand
     head = RequestHead(size, api_key, api_version, corr, None, None)
     complete = stop - pos >= min(size, HEAD_LIMIT)
-    header_version = protocol.request_header_version(api_key, api_version)
+    header_version, body_decoder = protocol.request_plan(api_key, api_version)
     try:
         at = pos + 12
         if header_version >= 1:
@@ -83,9 +83,9 @@ def parse_request_head(buf: Any, pos: int, end: int) -> RequestHead | None:
             if n >= 0:
                 if at + n > stop:
                     raise _Short
-                head.client_id = bytes(buf[at : at + n]).decode("utf-8", "replace")
+                head.client_id = str(buf[at : at + n], "utf-8", "replace")
                 at += n
-        if api_key == _PRODUCE and protocol.is_known(api_key, api_version):
+        if api_key == _PRODUCE and body_decoder is not None:
             flexible = header_version >= 2
             if flexible:  # header tagged fields
                 count, at = _uvarint(buf, at, stop)

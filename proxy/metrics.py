@@ -7,6 +7,7 @@ happens when Prometheus scrapes. Served by asyncio directly, any path answers.
 from __future__ import annotations
 
 import asyncio
+from bisect import bisect_left
 from collections import Counter
 from typing import Any
 
@@ -55,12 +56,7 @@ class Metrics:
         buckets = self.latency.get(api_key)
         if buckets is None:
             buckets = self.latency[api_key] = [0] * (len(LATENCY_BUCKETS) + 1)
-        for i, bound in enumerate(LATENCY_BUCKETS):
-            if seconds <= bound:
-                buckets[i] += 1
-                break
-        else:
-            buckets[-1] += 1
+        buckets[bisect_left(LATENCY_BUCKETS, seconds)] += 1  # the first bound >= seconds, else +Inf
         self.latency_sum[api_key] += seconds
 
     def render(self) -> str:

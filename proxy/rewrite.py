@@ -23,16 +23,17 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterator, Sequence
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 from decoder import message_codec, protocol
 from decoder.pieces import LayoutWalk, Unsure
+from decoder.primitives import skip_tagged_fields
 
 __all__ = [
     "Endpoint",
+    "endpoints",
     "has_endpoints",
-    "iter_endpoints",
     "may_carry_endpoints",
     "rewrite_response",
     "topic_ids",
@@ -50,27 +51,37 @@ def _has_node_struct(fields: list[Any]) -> bool:
     return any(field[5] and _has_node_struct(field[5]) for field in fields)
 
 
-@cache
+@lru_cache(maxsize=4096)  # bounded: a hostile client may name any (key, version)
 def has_endpoints(api_key: int, api_version: int) -> bool:
     """True if responses of (api key, version) can carry broker addresses."""
     entry = protocol.layout("response", api_key, api_version)
     return entry is not None and _has_node_struct(entry[1])
 
 
-def iter_endpoints(fields: Any) -> Iterator[dict[str, Any]]:
+def endpoints(fields: Any) -> list[dict[str, Any]]:
     """Structs holding node_id + host + port in fields decoded by the compiled decoder."""
-    if isinstance(fields, list):
+    found: list[dict[str, Any]] = []
+    if type(fields) is dict:
+        _collect_endpoints(fields, found)
+    elif type(fields) is list:
         for item in fields:
-            if isinstance(item, dict):
-                yield from iter_endpoints(item)
-        return
-    if not isinstance(fields, dict):
-        return
-    if "node_id" in fields and "host" in fields and "port" in fields:
-        yield fields
-    for value in fields.values():
-        if isinstance(value, dict | list):
-            yield from iter_endpoints(value)
+            if type(item) is dict:
+                _collect_endpoints(item, found)
+    return found
+
+
+def _collect_endpoints(node: dict[str, Any], found: list[dict[str, Any]]) -> None:
+    # a plain recursion over exact types: every Produce response passes here
+    if "node_id" in node and "host" in node and "port" in node:
+        found.append(node)
+    for value in node.values():
+        kind = type(value)
+        if kind is dict:
+            _collect_endpoints(value, found)
+        elif kind is list:
+            for item in value:
+                if type(item) is dict:
+                    _collect_endpoints(item, found)
 
 
 def topic_ids(fields: Any, out: dict[str, str]) -> None:
@@ -118,18 +129,19 @@ def rewrite_response(
     seen is appended to ``learned``; topic id -> name pairs go to ``topics``. Raises
     ``message_codec.CodecError`` (or struct.error/ValueError) when the frame does not decode.
     """
-    decoder = protocol.response_decoder(api_key, api_version)
+    decoder, header_version, names_topic_ids = _read_plan(api_key, api_version)
     if decoder is None:
         return None
-    header_version = protocol.response_header_version(api_key, api_version)
-    header, body_at = message_codec.decode_header("response", header_version, frame, 4)
+    # every Produce response comes this way: the header is skipped, not decoded (it is only
+    # needed, below, when the frame is re-encoded)
+    body_at = 8 if header_version < 1 else skip_tagged_fields(frame, 8, len(frame))
     fields, stop = decoder(frame, body_at, len(frame))
     if stop > len(frame):
         raise message_codec.CodecError("body runs past the frame")
-    if topics is not None:
+    if topics is not None and names_topic_ids:
         topic_ids(fields, topics)
     changes = {}
-    for endpoint in iter_endpoints(fields):
+    for endpoint in endpoints(fields):
         node_id, host, port = endpoint["node_id"], endpoint["host"], endpoint["port"]
         if node_id is None or node_id < 0 or not host or port is None or port <= 0:
             continue
@@ -140,6 +152,7 @@ def rewrite_response(
             changes[(node_id, host, port)] = target
     if not changes:
         return None
+    header, body_at = message_codec.decode_header("response", header_version, frame, 4)
     body = message_codec.decode_message("response", api_key, api_version, frame, body_at, zero_copy=True)
     for struct_ in _tree_endpoints(body):
         node_id = struct_.get("NodeId", struct_.get("BrokerId"))
@@ -153,6 +166,18 @@ def rewrite_response(
 
 
 DECODE_ERRORS = _DECODE_ERRORS
+
+
+@cache  # only asked for (key, version) pairs ``has_endpoints`` accepted: a bounded set
+def _read_plan(api_key: int, api_version: int) -> tuple[Any, int, bool]:
+    """(compiled body decoder, header version, whether it names topic ids) of a response."""
+    entry = protocol.layout("response", api_key, api_version)
+    names = entry is not None and _names_topic_ids(_freeze(entry[1]))
+    return (
+        protocol.response_decoder(api_key, api_version),
+        protocol.response_header_version(api_key, api_version),
+        names,
+    )
 
 
 # ---- walking a frame held in pieces ---------------------------------------------------

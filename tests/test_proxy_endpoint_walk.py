@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from decoder import message_codec as mc
-from proxy.rewrite import may_carry_endpoints, rewrite_response
+from proxy.rewrite import DECODE_ERRORS, may_carry_endpoints, rewrite_response
 
 FETCH, PRODUCE = 1, 0
 ENDPOINT = {"NodeId": 1, "Host": "broker-1.internal", "Port": 9092, "Rack": None}
@@ -105,3 +105,57 @@ def test_doubt_means_hold(api_key, version, build) -> None:
 def test_an_api_without_a_walk_plan_is_always_held() -> None:
     data = frame(3, 12, mc.default_tree("response", 3, 12))  # Metadata: always rewritten
     assert may_carry_endpoints([data], 3, 12) is True
+
+
+def with_header_tag(data: bytes) -> bytes:
+    """The frame with one unknown tagged field (tag 5, b"hi") in its flexible response header."""
+    assert data[8] == 0  # no header tags yet
+    payload = data[4:8] + b"\x01\x05\x02hi" + data[9:]
+    return len(payload).to_bytes(4, "big") + payload
+
+
+@pytest.mark.parametrize(("api_key", "version", "build"), CASES)
+def test_rewrite_skips_header_tags_and_keeps_them(api_key, version, build) -> None:
+    """The header is skipped, not decoded, on the way to the body; a rewrite keeps it as it was."""
+    plain = with_header_tag(frame(api_key, version, build(version, endpoints=False)))
+    assert rewrite_response(plain, api_key, version, lambda *_: ("127.0.0.1", 1)) is None
+    data = with_header_tag(frame(api_key, version, build(version, endpoints=True)))
+    learned: list[Any] = []
+    out = rewrite_response(data, api_key, version, lambda *_: ("127.0.0.1", 1), learned)
+    assert learned == [(1, "broker-1.internal", 9092)]
+    header, body = mc.decode_frame("response", out, api_key, version)
+    assert header == {"CorrelationId": 7, "_unknown_tags": [(5, b"hi")]}
+    assert [(e["Host"], e["Port"]) for e in body["NodeEndpoints"]] == [("127.0.0.1", 1)]
+
+
+@pytest.mark.parametrize(("api_key", "version", "build"), CASES)
+def test_rewrite_rejects_header_tags_past_the_frame(api_key, version, build) -> None:
+    data = frame(api_key, version, build(version, endpoints=False))
+    for bad_tags in (b"\x7f", b"\x01\x05\x7f"):  # a count, then a size, beyond the frame
+        payload = data[4:8] + bad_tags + data[9:]
+        bad = len(payload).to_bytes(4, "big") + payload
+        with pytest.raises(DECODE_ERRORS):
+            rewrite_response(bad, api_key, version, lambda *_: ("127.0.0.1", 1))
+
+
+def test_topic_ids_are_learned_only_where_a_struct_names_both() -> None:
+    """Metadata names topics by name and id: learned. A Fetch response (ids only) teaches nothing."""
+    topic_id = bytes(range(16))
+    tree = mc.default_tree("response", 3, 12)
+    tree["Brokers"] = [{"NodeId": 1, "Host": "b1", "Port": 9092, "Rack": None}]
+    tree["Topics"] = [
+        {
+            "ErrorCode": 0,
+            "Name": "orders",
+            "TopicId": topic_id,
+            "IsInternal": False,
+            "Partitions": [],
+            "TopicAuthorizedOperations": -2147483648,
+        }
+    ]
+    topics: dict[str, str] = {}
+    rewrite_response(frame(3, 12, tree), 3, 12, lambda *_: None, [], topics)
+    assert list(topics.values()) == ["orders"]
+    fetched: dict[str, str] = {}
+    rewrite_response(frame(FETCH, 16, fetch_response(16, True)), FETCH, 16, lambda *_: None, [], fetched)
+    assert fetched == {}

@@ -257,6 +257,18 @@ def test_has_endpoints_follows_the_table() -> None:
     assert not rewrite.has_endpoints(18, 3) and not rewrite.has_endpoints(12, 4)
 
 
+def test_per_version_caches_stay_bounded_under_made_up_versions() -> None:
+    """A hostile client may name any (api key, version): the answers cached for them are bounded."""
+    from decoder.skeleton import has_records
+
+    for version in range(10_000):
+        assert not rewrite.has_endpoints(3, 1000 + version)
+        assert not has_records("request", 0, 1000 + version)
+    assert rewrite.has_endpoints.cache_info().currsize <= 4096
+    assert has_records.cache_info().currsize <= 4096
+    assert rewrite.has_endpoints(3, 12)  # still right after the churn
+
+
 def _capture_responses(key: int) -> list[tuple[int, bytes]]:
     out = []
     for stream in capture_streams(CAPTURES):
