@@ -9,7 +9,10 @@ paths to them:
 * ``socat``: a native byte forwarder (``socat``, 256 KB buffers, one process per
   connection) in front of a broker that advertises socat's port, so clients stay on it
   without any rewriting. It is not a Kafka proxy: it only shows what one more
-  TCP hop through a user-space process costs on this machine, the floor for any proxy.
+  TCP hop through a user-space process costs on this machine, the floor for any proxy;
+* ``asyncio``: ``bench/asyncio_forwarder.py``, a bare asyncio byte forwarder (1 MB reads,
+  backpressure, nothing else) in front of a broker that advertises its port: the floor for
+  a Python asyncio proxy, so kwire's own cost is what it adds over this path.
 
 For each path (confluent-kafka, 1 KB records, acks=all):
 
@@ -29,10 +32,10 @@ throughput phases back to back, then the latency phases, so the paths it compare
 within seconds of each other. The order rotates from round to round (round 1 starts with
 ``direct``, round 2 with the next path, ...): the first phase after a quiet spell runs
 slower here, and a fixed order would hand that to one path every time. ``--modes`` picks
-paths (``direct`` always runs, as the reference); the default 4 rounds start each of the 4
+paths (``direct`` always runs, as the reference); the default 5 rounds start each of the 5
 paths once.
 
-Usage: ``python bench/proxy_overhead.py [--records 300000] [--rate 300] [--seconds 5] [--repeat 4]``.
+Usage: ``python bench/proxy_overhead.py [--records 300000] [--rate 300] [--seconds 5] [--repeat 5] [--modes direct,kwire,tansu,socat,asyncio]``.
 """
 
 from __future__ import annotations
@@ -227,7 +230,8 @@ class BenchPath:
     """
 
     def __init__(self, mode: str, workdir: Path, tag: str) -> None:
-        self.broker = TansuBroker(advertised_port=free_port() if mode == "socat" else None).start()
+        forwarder = mode in ("socat", "asyncio")  # clients stay on it through the advertised port
+        self.broker = TansuBroker(advertised_port=free_port() if forwarder else None).start()
         try:
             self._start(mode, workdir, tag)
         except BaseException:
@@ -277,6 +281,21 @@ class BenchPath:
                 stderr=subprocess.DEVNULL,
                 env={**os.environ, "NO_COLOR": "1"},
             )
+            self.bootstrap, self.pid = f"127.0.0.1:{port}", self.forwarder.pid
+        elif mode == "asyncio":
+            port = broker.advertised_port
+            self.forwarder = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(Path(__file__).with_name("asyncio_forwarder.py")),
+                    str(port),
+                    broker.bootstrap,
+                ],
+                stdout=subprocess.PIPE,
+            )
+            assert self.forwarder.stdout is not None
+            if self.forwarder.stdout.readline().strip() != b"listening":
+                raise RuntimeError("bench/asyncio_forwarder.py did not start")
             self.bootstrap, self.pid = f"127.0.0.1:{port}", self.forwarder.pid
         else:
             port = broker.advertised_port
@@ -378,17 +397,17 @@ def main() -> int:
     parser.add_argument("--records", type=int, default=300_000)
     parser.add_argument("--rate", type=int, default=300, help="records/s in the latency phase")
     parser.add_argument("--seconds", type=float, default=5.0, help="length of the latency phase")
-    parser.add_argument("--repeat", type=int, default=4, help="rounds (interleaved); medians are printed")
+    parser.add_argument("--repeat", type=int, default=5, help="rounds (interleaved); medians are printed")
     parser.add_argument(
         "--modes",
-        default="direct,kwire,tansu,socat",
+        default="direct,kwire,tansu,socat,asyncio",
         help="comma-separated paths (direct always runs; socat only if installed)",
     )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     modes = ["direct"] + [m for m in args.modes.split(",") if m and m != "direct"]
     for mode in modes:
-        if mode not in ("direct", "kwire", "tansu", "socat"):
+        if mode not in ("direct", "kwire", "tansu", "socat", "asyncio"):
             parser.error(f"unknown mode {mode!r}")
     if "socat" in modes and shutil.which("socat") is None:
         print(
