@@ -216,7 +216,9 @@ def test_end_to_end_through_proxy(
         if far_plain != plain:
             cut_short += 1
             assert match.how == "rst" or stream.how == "rst", "bytes lost on a connection nobody reset"
-    assert cut_short <= sum(1 for s in far if s.how == "rst")
+    # The reset may show on the client side only: the client resets, the proxy closes upstream
+    # with a FIN, and what the broker still sends has nowhere to go.
+    assert cut_short <= sum(1 for s in [*near, *far] if s.how == "rst")
     rewritten = 0
     far_by_norm = Counter(repr(normalised(*t)) for t in far_touched)
     assert Counter(repr(normalised(*t)) for t in near_touched) == far_by_norm
