@@ -222,6 +222,9 @@ def latency(bootstrap: str, topic: str, rate: int, seconds: float) -> dict[str, 
     }
 
 
+MODES = ("direct", "kwire", "tansu", "socat", "asyncio")
+
+
 class BenchPath:
     """One way to a broker of its own: ``direct``, or a proxy process, started for one round.
 
@@ -400,14 +403,14 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5, help="rounds (interleaved); medians are printed")
     parser.add_argument(
         "--modes",
-        default="direct,kwire,tansu,socat,asyncio",
+        default=",".join(MODES),
         help="comma-separated paths (direct always runs; socat only if installed)",
     )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     modes = ["direct"] + [m for m in args.modes.split(",") if m and m != "direct"]
     for mode in modes:
-        if mode not in ("direct", "kwire", "tansu", "socat", "asyncio"):
+        if mode not in MODES:
             parser.error(f"unknown mode {mode!r}")
     if "socat" in modes and shutil.which("socat") is None:
         print(

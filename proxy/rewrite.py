@@ -58,15 +58,10 @@ def has_endpoints(api_key: int, api_version: int) -> bool:
     return entry is not None and _has_node_struct(entry[1])
 
 
-def endpoints(fields: Any) -> list[dict[str, Any]]:
-    """Structs holding node_id + host + port in fields decoded by the compiled decoder."""
+def endpoints(fields: dict[str, Any]) -> list[dict[str, Any]]:
+    """Structs holding node_id + host + port in a body decoded by the compiled decoder."""
     found: list[dict[str, Any]] = []
-    if type(fields) is dict:
-        _collect_endpoints(fields, found)
-    elif type(fields) is list:
-        for item in fields:
-            if type(item) is dict:
-                _collect_endpoints(item, found)
+    _collect_endpoints(fields, found)
     return found
 
 
@@ -168,11 +163,11 @@ def rewrite_response(
 DECODE_ERRORS = _DECODE_ERRORS
 
 
-@cache  # only asked for (key, version) pairs ``has_endpoints`` accepted: a bounded set
+@lru_cache(maxsize=4096)  # bounded: callers may pass any (key, version)
 def _read_plan(api_key: int, api_version: int) -> tuple[Any, int, bool]:
     """(compiled body decoder, header version, whether it names topic ids) of a response."""
     entry = protocol.layout("response", api_key, api_version)
-    names = entry is not None and _names_topic_ids(_freeze(entry[1]))
+    names = entry is not None and _names_topic_ids(entry[1])
     return (
         protocol.response_decoder(api_key, api_version),
         protocol.response_header_version(api_key, api_version),
@@ -206,7 +201,7 @@ def _walk_plan(api_key: int, api_version: int) -> tuple[bool, tuple[Any, ...], i
     return entry[0], fields, protocol.response_header_version(api_key, api_version)
 
 
-def _names_topic_ids(fields: tuple[Any, ...]) -> bool:
+def _names_topic_ids(fields: Sequence[Any]) -> bool:
     roles = {field[4] for field in fields}
     if {"topic", "topic_id"} <= roles:
         return True
