@@ -8,6 +8,7 @@ target release would not accept (a CI gate), 0 when none.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -56,8 +57,8 @@ def _resolve(versions, wanted: list[str]) -> list[str]:
 def _fmt(v: Any) -> str:
     if v is None:
         return ""
-    if isinstance(v, float):
-        return f"{v:.4g}"
+    if isinstance(v, float):  # 4 significant digits, and never an exponent for a large value
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
     if isinstance(v, list):
         return ", ".join(_fmt(x) for x in v)
     if hasattr(v, "strftime"):
@@ -65,12 +66,35 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _rich_table(title: str, rows: list[dict[str, Any]], columns: list[str], limit: int) -> Table:
+def _console() -> Console:
+    """The stdout console. Not a terminal (a pipe, a CI log): wide enough that a table keeps
+    one line per row rather than folding every cell at 80 columns."""
+    console = Console()
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(width=200)
+    return console
+
+
+_CLIENT_PARTS = ("client_id", "client_ip", "client_software_name", "client_software_version")
+
+
+def _rich_table(
+    title: str, rows: list[dict[str, Any]], columns: list[str], limit: int, *, merge_client: bool = True
+) -> Table:
+    """``rows`` as a table of ``columns``; with ``merge_client``, the client id, address and
+    software columns become one ``client`` column (as the findings name clients)."""
+    from spark_jobs.report import client_label
+
+    cells: list[tuple[str, Any]] = [(c, lambda r, c=c: _fmt(r.get(c))) for c in columns]
+    if merge_client and {"client_id", "client_ip"} <= set(columns):
+        at = columns.index("client_id")
+        cells = [cell for cell in cells if cell[0] not in _CLIENT_PARTS]
+        cells.insert(at, ("client", client_label))
     table = Table(title=f"{title} ({len(rows)} rows)", title_justify="left", show_lines=False)
-    for c in columns:
-        table.add_column(c, overflow="fold")
+    for header, _ in cells:
+        table.add_column(header, overflow="fold")
     for r in rows[:limit]:
-        table.add_row(*[_fmt(r.get(c)) for c in columns])
+        table.add_row(*[cell(r) for _, cell in cells])
     return table
 
 
@@ -107,7 +131,7 @@ def analyze(
     from spark_jobs.session import build_session
     from spark_jobs.submit import analyse
 
-    console = Console()
+    console = _console()
     start = time.perf_counter()
     spark = build_session(master, "kwire-analyze")
     with console.status("running Spark jobs..."):
@@ -176,7 +200,7 @@ def audit(
         }
         print(json.dumps(doc, default=_fmt, indent=2))
     else:
-        console = Console()
+        console = _console()
         cols = [
             "client_id",
             "client_ip",
@@ -265,7 +289,7 @@ def sql(
 
     spark = build_session(master, "kwire-sql")
     views = _register_views(spark, dataset)
-    console = Console()
+    console = _console()
 
     def run(text: str) -> bool:
         try:
@@ -276,7 +300,7 @@ def sql(
             _err.print(f"[red]error:[/red] {first}", highlight=False, soft_wrap=True)
             return False
         more = f" (first {limit})" if len(rows) > limit else ""
-        console.print(_rich_table(f"{text[:60]}{more}", rows, df.columns, limit))
+        console.print(_rich_table(f"{text[:60]}{more}", rows, df.columns, limit, merge_client=False))
         return True
 
     if query is not None:

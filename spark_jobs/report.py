@@ -17,7 +17,15 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-__all__ = ["HEADLINE_COLUMNS", "Finding", "findings", "load_results", "render_html", "write_html"]
+__all__ = [
+    "HEADLINE_COLUMNS",
+    "Finding",
+    "client_label",
+    "findings",
+    "load_results",
+    "render_html",
+    "write_html",
+]
 
 Rows = list[dict[str, Any]]
 
@@ -208,7 +216,8 @@ def load_results(report_dir: str | Path) -> dict[str, Rows]:
     return out
 
 
-def _who(r: dict[str, Any]) -> str:
+def client_label(r: dict[str, Any]) -> str:
+    """A result row's client as one phrase: ``'id' at ip (software version)``."""
     name = r.get("client_id")
     who = f"{name!r}" if name is not None else "(no client id)"
     who += f" at {r.get('client_ip')}"
@@ -231,7 +240,7 @@ def findings(results: dict[str, Rows]) -> list[Finding]:
             Finding(
                 "critical",
                 f"{r['api_name'] or 'api ' + str(r['api_key'])} v{r['api_version']} never answered by {r['broker_ip']}:{r['broker_port']}",
-                f"{_who(r)} sent it {_plural(r['count'], 'time')}; the broker never answers this api/version and the "
+                f"{client_label(r)} sent it {_plural(r['count'], 'time')}; the broker never answers this api/version and the "
                 f"connection then went silent or closed ({r['reference']}): the old-broker signature (a 0.9 broker "
                 "stops dispatching requests on an unknown api key).",
             )
@@ -245,7 +254,7 @@ def findings(results: dict[str, Rows]) -> list[Finding]:
                 "critical",
                 f"{_plural(len(clients), 'client')} sent requests the broker does not support",
                 "; ".join(
-                    f"{_who(r)}: {r['api_name']} v{r['api_version']} x{r['count']} ({r['reason']}, {r['reference']})"
+                    f"{client_label(r)}: {r['api_name']} v{r['api_version']} x{r['count']} ({r['reason']}, {r['reference']})"
                     for r in top
                 ),
             )
@@ -259,7 +268,7 @@ def findings(results: dict[str, Rows]) -> list[Finding]:
         out.append(
             Finding(
                 "critical",
-                f"{_who(r)} handles KAFKA_STORAGE_ERROR differently from NOT_LEADER_OR_FOLLOWER",
+                f"{client_label(r)} handles KAFKA_STORAGE_ERROR differently from NOT_LEADER_OR_FOLLOWER",
                 f"on 56: {r['reaction_56']} ({r['errors_56']} errors); on 6: {r['reaction_6']} ({r['errors_6']} errors). "
                 "A client that does not refresh metadata on 56 keeps writing to the failed disk's broker.",
             )
@@ -281,7 +290,7 @@ def findings(results: dict[str, Rows]) -> list[Finding]:
         out.append(
             Finding(
                 "warning",
-                f"{_who(r)} retries without refreshing metadata",
+                f"{client_label(r)} retries without refreshing metadata",
                 f"reaction to 56: {r['reaction_56']}, to 6: {r['reaction_6']}",
             )
         )
@@ -292,7 +301,7 @@ def findings(results: dict[str, Rows]) -> list[Finding]:
                 "warning",
                 f"{_plural(len(broken), 'connection')} ended by RST/FIN with requests unanswered",
                 "; ".join(
-                    f"{_who(r)} -> {r['broker_ip']} ({r['end_reason']}, {r['unanswered']} waiting for {r['last_unanswered_api']})"
+                    f"{client_label(r)} -> {r['broker_ip']} ({r['end_reason']}, {r['unanswered']} waiting for {r['last_unanswered_api']})"
                     for r in broken[:3]
                 ),
             )
@@ -306,7 +315,7 @@ def findings(results: dict[str, Rows]) -> list[Finding]:
                 "warning",
                 f"{_plural(total, 'request')} never answered, from {_plural(len(unanswered), 'client')}",
                 "; ".join(
-                    f"{_who(r)}: {r['unanswered']} of {r['requests']}"
+                    f"{client_label(r)}: {r['unanswered']} of {r['requests']}"
                     for r in sorted(unanswered, key=lambda r: -r["unanswered"])[:3]
                 ),
             )
@@ -320,7 +329,7 @@ def findings(results: dict[str, Rows]) -> list[Finding]:
                 "warning",
                 f"{_plural(len(churn), 'client')} reconnect at least once a minute",
                 "; ".join(
-                    f"{_who(r)}: {r['connections']} connections, {r['connections_per_min']:.1f}/min"
+                    f"{client_label(r)}: {r['connections']} connections, {r['connections_per_min']:.1f}/min"
                     for r in churn[:3]
                 ),
             )
@@ -343,7 +352,8 @@ def findings(results: dict[str, Rows]) -> list[Finding]:
                 "warning",
                 f"{_plural(len({(r['client_id'], r['client_ip']) for r in risky}), 'producer')} write with acks 0 or 1",
                 "; ".join(
-                    f"{_who(r)}: acks={r['acks_label']}, {r['records'] or 0} records" for r in risky[:4]
+                    f"{client_label(r)}: acks={r['acks_label']}, {r['records'] or 0} records"
+                    for r in risky[:4]
                 )
                 + ". Such writes are lost if the leader changes before followers copy them.",
             )
@@ -355,7 +365,7 @@ def findings(results: dict[str, Rows]) -> list[Finding]:
                 "warning",
                 f"{_plural(len(never), 'client')} never refresh metadata periodically",
                 "; ".join(
-                    f"{_who(r)}: {r['metadata_requests']} Metadata requests, longest gap {r['longest_gap_s']:.0f}s"
+                    f"{client_label(r)}: {r['metadata_requests']} Metadata requests, longest gap {r['longest_gap_s']:.0f}s"
                     for r in never[:4]
                 ),
             )
@@ -367,7 +377,7 @@ def findings(results: dict[str, Rows]) -> list[Finding]:
             Finding(
                 "warning",
                 f"{_plural(len(stale), 'stale window')} longer than 30 s after a leadership change",
-                f"longest: {_who(r)} on {r['topic']}/{r['partition']}, {r['stale_s']:.0f}s after {r['change_source']} "
+                f"longest: {client_label(r)} on {r['topic']}/{r['partition']}, {r['stale_s']:.0f}s after {r['change_source']} "
                 f"({'refreshed' if r['refreshed'] else 'never refreshed before the data ended'})",
             )
         )
@@ -409,7 +419,7 @@ def findings(results: dict[str, Rows]) -> list[Finding]:
                 + (
                     " Unnamed clients sharing a fingerprint with named ones: "
                     + "; ".join(
-                        f"{_who(r)} ~ {r['fingerprint_software']}"
+                        f"{client_label(r)} ~ {r['fingerprint_software']}"
                         for r in unnamed
                         if r.get("fingerprint_software")
                     )[:600]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -130,6 +131,15 @@ def test_analyze_writes_results_and_report_then_sql_reads_them(spark, tmp_path):
     assert page.index("Findings") < page.index("Charts") < page.index("Client inventory")
     assert "handles KAFKA_STORAGE_ERROR differently" in page  # sarama: retries on 56, refreshes on 6
     assert "findings" in result.stdout
+    # Headline tables name each client as the findings do, one line per row even off a terminal
+    # (the runner's stdout is not one: no folding at 80 columns).
+    headline = [
+        line
+        for line in result.stdout.splitlines()
+        if line.startswith("│") and "retries_without_refresh" in line and "refreshes_metadata" in line
+    ]
+    assert len(headline) == 1 and "│ 'go-app' at 10.0.1.2 (sarama 1.42.1) │" in headline[0], result.stdout
+    assert "e+0" not in result.stdout and re.search(r"│ 19,\d{3} ", result.stdout)  # ms: no exponent
 
     one = runner.invoke(app, ["sql", str(ds), "SELECT reaction_56, reaction_6 FROM error_reaction_headline"])
     assert one.exit_code == 0, one.output
