@@ -12,7 +12,9 @@ paths to them:
   TCP hop through a user-space process costs on this machine, the floor for any proxy;
 * ``asyncio``: ``bench/asyncio_forwarder.py``, a bare asyncio byte forwarder (1 MB reads,
   backpressure, nothing else) in front of a broker that advertises its port: the floor for
-  a Python asyncio proxy, so kwire's own cost is what it adds over this path.
+  a Python asyncio proxy, so kwire's own cost is what it adds over this path;
+* ``threads``: ``bench/threaded_forwarder.py``, the same bare forwarding with blocking
+  sockets and one thread per direction instead of an event loop.
 
 For each path (confluent-kafka, 1 KB records, acks=all):
 
@@ -32,10 +34,10 @@ throughput phases back to back, then the latency phases, so the paths it compare
 within seconds of each other. The order rotates from round to round (round 1 starts with
 ``direct``, round 2 with the next path, ...): the first phase after a quiet spell runs
 slower here, and a fixed order would hand that to one path every time. ``--modes`` picks
-paths (``direct`` always runs, as the reference); the default 5 rounds start each of the 5
+paths (``direct`` always runs, as the reference); the default 6 rounds start each of the 6
 paths once.
 
-Usage: ``python bench/proxy_overhead.py [--records 300000] [--rate 300] [--seconds 5] [--repeat 5] [--modes direct,kwire,tansu,socat,asyncio]``.
+Usage: ``python bench/proxy_overhead.py [--records 300000] [--rate 300] [--seconds 5] [--repeat 6] [--modes direct,kwire,tansu,socat,asyncio,threads]``.
 """
 
 from __future__ import annotations
@@ -222,7 +224,9 @@ def latency(bootstrap: str, topic: str, rate: int, seconds: float) -> dict[str, 
     }
 
 
-MODES = ("direct", "kwire", "tansu", "socat", "asyncio")
+MODES = ("direct", "kwire", "tansu", "socat", "asyncio", "threads")
+#: The bare Python forwarders (bench/), by path.
+_FORWARDERS = {"asyncio": "asyncio_forwarder.py", "threads": "threaded_forwarder.py"}
 
 
 class BenchPath:
@@ -233,7 +237,7 @@ class BenchPath:
     """
 
     def __init__(self, mode: str, workdir: Path, tag: str) -> None:
-        forwarder = mode in ("socat", "asyncio")  # clients stay on it through the advertised port
+        forwarder = mode in ("socat", *_FORWARDERS)  # clients stay on it through the advertised port
         self.broker = TansuBroker(advertised_port=free_port() if forwarder else None).start()
         try:
             self._start(mode, workdir, tag)
@@ -285,20 +289,15 @@ class BenchPath:
                 env={**os.environ, "NO_COLOR": "1"},
             )
             self.bootstrap, self.pid = f"127.0.0.1:{port}", self.forwarder.pid
-        elif mode == "asyncio":
+        elif mode in ("asyncio", "threads"):
             port = broker.advertised_port
+            script = Path(__file__).with_name(_FORWARDERS[mode])
             self.forwarder = subprocess.Popen(
-                [
-                    sys.executable,
-                    str(Path(__file__).with_name("asyncio_forwarder.py")),
-                    str(port),
-                    broker.bootstrap,
-                ],
-                stdout=subprocess.PIPE,
+                [sys.executable, str(script), str(port), broker.bootstrap], stdout=subprocess.PIPE
             )
             assert self.forwarder.stdout is not None
             if self.forwarder.stdout.readline().strip() != b"listening":
-                raise RuntimeError("bench/asyncio_forwarder.py did not start")
+                raise RuntimeError(f"bench/{script.name} did not start")
             self.bootstrap, self.pid = f"127.0.0.1:{port}", self.forwarder.pid
         else:
             port = broker.advertised_port
@@ -400,7 +399,9 @@ def main() -> int:
     parser.add_argument("--records", type=int, default=300_000)
     parser.add_argument("--rate", type=int, default=300, help="records/s in the latency phase")
     parser.add_argument("--seconds", type=float, default=5.0, help="length of the latency phase")
-    parser.add_argument("--repeat", type=int, default=5, help="rounds (interleaved); medians are printed")
+    parser.add_argument(
+        "--repeat", type=int, default=len(MODES), help="rounds (interleaved); medians are printed"
+    )
     parser.add_argument(
         "--modes",
         default=",".join(MODES),
