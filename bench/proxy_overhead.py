@@ -289,7 +289,7 @@ class BenchPath:
                 env={**os.environ, "NO_COLOR": "1"},
             )
             self.bootstrap, self.pid = f"127.0.0.1:{port}", self.forwarder.pid
-        elif mode in ("asyncio", "threads"):
+        elif mode in _FORWARDERS:
             port = broker.advertised_port
             script = Path(__file__).with_name(_FORWARDERS[mode])
             self.forwarder = subprocess.Popen(
