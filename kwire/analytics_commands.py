@@ -75,21 +75,14 @@ def _console() -> Console:
     return console
 
 
-_CLIENT_PARTS = ("client_id", "client_ip", "client_software_name", "client_software_version")
-
-
 def _rich_table(
     title: str, rows: list[dict[str, Any]], columns: list[str], limit: int, *, merge_client: bool = True
 ) -> Table:
     """``rows`` as a table of ``columns``; with ``merge_client``, the client id, address and
     software columns become one ``client`` column (as the findings name clients)."""
-    from spark_jobs.report import client_label
+    from spark_jobs.report import display_cells
 
-    cells: list[tuple[str, Any]] = [(c, lambda r, c=c: _fmt(r.get(c))) for c in columns]
-    if merge_client and {"client_id", "client_ip"} <= set(columns):
-        at = columns.index("client_id")
-        cells = [cell for cell in cells if cell[0] not in _CLIENT_PARTS]
-        cells.insert(at, ("client", client_label))
+    cells = display_cells(columns, _fmt, merge_client=merge_client)
     table = Table(title=f"{title} ({len(rows)} rows)", title_justify="left", show_lines=False)
     for header, _ in cells:
         table.add_column(header, overflow="fold")

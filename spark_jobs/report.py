@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,6 +22,7 @@ __all__ = [
     "HEADLINE_COLUMNS",
     "Finding",
     "client_label",
+    "display_cells",
     "findings",
     "load_results",
     "render_html",
@@ -224,6 +226,23 @@ def client_label(r: dict[str, Any]) -> str:
     if r.get("client_software_name"):
         who += f" ({r['client_software_name']} {r.get('client_software_version') or ''})".replace(" )", ")")
     return who
+
+
+_CLIENT_PARTS = ("client_id", "client_ip", "client_software_name", "client_software_version")
+
+
+def display_cells(
+    columns: list[str], fmt: Callable[[Any], str], *, merge_client: bool = True
+) -> list[tuple[str, Callable[[dict], str]]]:
+    """(header, row -> text) per column shown, each value through ``fmt``. With
+    ``merge_client``, the client id, address and software columns become one ``client``
+    column, named as the findings name clients (:func:`client_label`)."""
+    cells: list[tuple[str, Callable[[dict], str]]] = [(c, lambda r, c=c: fmt(r.get(c))) for c in columns]
+    if merge_client and {"client_id", "client_ip"} <= set(columns):
+        at = columns.index("client_id")
+        cells = [cell for cell in cells if cell[0] not in _CLIENT_PARTS]
+        cells.insert(at, ("client", client_label))
+    return cells
 
 
 def _plural(n: int, word: str) -> str:
@@ -667,9 +686,10 @@ def _table(name: str, rows: Rows, limit: int) -> str:
     cols = [c for c in HEADLINE_COLUMNS.get(name, []) if rows and c in rows[0]] or (
         list(rows[0]) if rows else []
     )
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    cells = display_cells(cols, _cell)
+    head = "".join(f"<th>{html.escape(header)}</th>" for header, _ in cells)
     body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_cell(r.get(c)))}</td>" for c in cols) + "</tr>"
+        "<tr>" + "".join(f"<td>{html.escape(text(r))}</td>" for _, text in cells) + "</tr>"
         for r in rows[:limit]
     )
     more = f" (first {limit} shown)" if len(rows) > limit else ""

@@ -130,6 +130,7 @@ def test_analyze_writes_results_and_report_then_sql_reads_them(spark, tmp_path):
     )
     assert page.index("Findings") < page.index("Charts") < page.index("Client inventory")
     assert "handles KAFKA_STORAGE_ERROR differently" in page  # sarama: retries on 56, refreshes on 6
+    assert "<td>&#x27;go-app&#x27; at 10.0.1.2 (sarama 1.42.1)</td>" in page  # one client column
     assert "findings" in result.stdout
     # Headline tables name each client as the findings do, one line per row even off a terminal
     # (the runner's stdout is not one: no folding at 80 columns).
