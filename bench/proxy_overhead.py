@@ -4,7 +4,10 @@ One run, Tansu brokers (memory storage, a fresh one for each path in each round)
 paths to them:
 
 * ``direct``: clients talk to the broker;
-* ``kwire``: ``kwire proxy`` with recording on (``-o`` a temporary dataset, 10 s flushes);
+* ``kwire``: ``kwire proxy`` with recording on (``-o`` a temporary dataset, 10 s flushes),
+  as it runs by default: plain connections forwarded on two threads each;
+* ``kwire-aio``: the same with ``--io asyncio``: every connection on the event loop, the
+  path TLS and fault rules take;
 * ``tansu``: Tansu's own Kafka proxy (``<tansu> proxy``), from the same binary;
 * ``socat``: a native byte forwarder (``socat``, 256 KB buffers, one process per
   connection) in front of a broker that advertises socat's port, so clients stay on it
@@ -34,10 +37,10 @@ throughput phases back to back, then the latency phases, so the paths it compare
 within seconds of each other. The order rotates from round to round (round 1 starts with
 ``direct``, round 2 with the next path, ...): the first phase after a quiet spell runs
 slower here, and a fixed order would hand that to one path every time. ``--modes`` picks
-paths (``direct`` always runs, as the reference); the default 6 rounds start each of the 6
+paths (``direct`` always runs, as the reference); the default 7 rounds start each of the 7
 paths once.
 
-Usage: ``python bench/proxy_overhead.py [--records 300000] [--rate 300] [--seconds 5] [--repeat 6] [--modes direct,kwire,tansu,socat,asyncio,threads]``.
+Usage: ``python bench/proxy_overhead.py [--records 300000] [--rate 300] [--seconds 5] [--repeat 7] [--modes direct,kwire,kwire-aio,tansu,socat,asyncio,threads]``.
 """
 
 from __future__ import annotations
@@ -224,7 +227,9 @@ def latency(bootstrap: str, topic: str, rate: int, seconds: float) -> dict[str, 
     }
 
 
-MODES = ("direct", "kwire", "tansu", "socat", "asyncio", "threads")
+MODES = ("direct", "kwire", "kwire-aio", "tansu", "socat", "asyncio", "threads")
+#: The ``kwire proxy`` paths, and the options that make them differ.
+_KWIRE = {"kwire": [], "kwire-aio": ["--io", "asyncio"]}
 #: The bare Python forwarders (bench/), by path.
 _FORWARDERS = {"asyncio": "asyncio_forwarder.py", "threads": "threaded_forwarder.py"}
 
@@ -255,9 +260,10 @@ class BenchPath:
         self.pid: int | None = None
         if mode == "direct":
             self.bootstrap = broker.bootstrap
-        elif mode == "kwire":
+        elif mode in _KWIRE:
             self.proxy = ProxyProcess(
                 [
+                    *_KWIRE[mode],
                     "--bootstrap",
                     broker.bootstrap,
                     "--listen",
@@ -372,7 +378,7 @@ def run_round(
 
 
 HEADER = (
-    f"{'path':8} {'produce MB/s':>12} {'% direct':>9} {'consume MB/s':>12} {'p50 ms':>8} {'p99 ms':>8} "
+    f"{'path':10} {'produce MB/s':>12} {'% direct':>9} {'consume MB/s':>12} {'p50 ms':>8} {'p99 ms':>8} "
     f"{'+p99 ms':>8} {'proxy cores/(MB/s)':>19} {'CPU ms/MB':>10}"
 )
 
@@ -382,16 +388,17 @@ def table(results: dict[str, dict[str, Any]], kwire_line: bool = True) -> None:
     print(HEADER)
     for mode, r in results.items():
         print(
-            f"{mode:8} {r['produce_mb_s']:12.1f} {100 * r['produce_mb_s'] / direct['produce_mb_s']:8.0f}% "
+            f"{mode:10} {r['produce_mb_s']:12.1f} {100 * r['produce_mb_s'] / direct['produce_mb_s']:8.0f}% "
             f"{r['consume_mb_s']:12.1f} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} "
             f"{r['p99_ms'] - direct['p99_ms']:8.2f} {r['proxy_cores_per_mb_s']:19.4f} "
             f"{r['proxy_cpu_ms_per_mb']:10.2f}"
         )
-    if kwire_line and "kwire" in results:
-        print(
-            f"kwire rows recorded: {results['kwire'].get('rows_recorded')}, exit code "
-            f"{results['kwire'].get('kwire_exit_code')}"
-        )
+    for mode in _KWIRE:
+        if kwire_line and mode in results:
+            print(
+                f"{mode} rows recorded: {results[mode].get('rows_recorded')}, exit code "
+                f"{results[mode].get('kwire_exit_code')}"
+            )
 
 
 def main() -> int:
@@ -452,13 +459,14 @@ def main() -> int:
             "median % direct per round: "
             + ", ".join(f"{mode} {medians[mode]['pct_direct']:.0f}%" for mode in modes if mode != "direct")
         )
-        if "kwire" in modes:
-            print(
-                "kwire rows recorded per round: "
-                + ", ".join(str(r["kwire"].get("rows_recorded")) for r in rounds)
-                + "; exit codes: "
-                + ", ".join(str(r["kwire"].get("kwire_exit_code")) for r in rounds)
-            )
+        for mode in _KWIRE:
+            if mode in modes:
+                print(
+                    f"{mode} rows recorded per round: "
+                    + ", ".join(str(r[mode].get("rows_recorded")) for r in rounds)
+                    + "; exit codes: "
+                    + ", ".join(str(r[mode].get("kwire_exit_code")) for r in rounds)
+                )
     else:
         table(rounds[0])
     if args.json:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -315,9 +316,15 @@ def _function(fields: Layout, flexible: bool, keep: bool) -> str:
     return fn
 
 
+#: Compiling names a function in ``_cache`` before it exists in ``_NAMESPACE``: one compile
+#: at a time (the proxy decodes on several threads).
+_compile_lock = threading.Lock()
+
+
 def compile_message(layout: Layout, flexible: bool) -> Callable[[Any, int, int], tuple[dict[str, Any], int]]:
     """The decode function for a whole message body."""
-    return _NAMESPACE[_function(layout, flexible, True)]
+    with _compile_lock:
+        return _NAMESPACE[_function(layout, flexible, True)]
 
 
 def generated_source_lines() -> int:

@@ -69,6 +69,13 @@ def proxy(
     seed: Annotated[int | None, typer.Option(help="random seed for rule rates")] = None,
     metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus metrics on this port")] = None,
     metrics_host: Annotated[str, typer.Option(help="address the metrics endpoint binds")] = "127.0.0.1",
+    io: Annotated[
+        str,
+        typer.Option(
+            help="how connections are forwarded: threads (two per connection), asyncio (the event loop), "
+            "auto (threads unless TLS or fault rules need the loop)"
+        ),
+    ] = "auto",
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error")] = "info",
 ) -> None:
     """Forward Kafka clients to brokers, record every exchange, optionally inject faults."""
@@ -112,7 +119,12 @@ def proxy(
         seed=seed,
         metrics_port=metrics_port,
         metrics_host=metrics_host,
+        io=io,
     )
+    try:
+        config.threaded()
+    except ValueError as exc:
+        _fail(str(exc))
 
     def ready(running: Proxy) -> None:
         extra = f", metrics on {metrics_host}:{running.metrics_port}" if running.metrics_port else ""

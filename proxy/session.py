@@ -1,5 +1,13 @@
 """One client connection and its own upstream connection: the forwarding path.
 
+``Session`` holds the forwarding state and does no I/O of its own: it is fed what one side
+sent (``from_client``, ``from_upstream``) and writes to the other through a transport-like
+object (``write``, ``close``, ``abort``). The event loop drives it through ``ClientProtocol``
+(TLS, fault rules); plain connections are driven by two blocking threads
+(``proxy.threaded``), one per direction. Each direction's state is only touched by the
+thread that feeds it; what both share (requests awaiting a response, the end of the session)
+is kept under ``Session.lock``.
+
 Bytes are forwarded as they arrive. The client -> broker direction is cut into frames by
 their length prefix only to read each request's head (``proxy.framing``): api key, version
 and correlation id tell what the response with that id will be. The broker -> client
@@ -29,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+import threading
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -47,6 +56,8 @@ log = logging.getLogger("kwire.proxy")
 _RESPONSE_HEAD = struct.Struct(">ii").unpack_from
 _FRAME_LIMIT = 100 << 20
 _time_ns = time.time_ns
+#: How long responses are still forwarded after the client ended its side of the stream.
+LINGER_SECONDS = 10.0
 #: Bytes asked of the kernel per read (asyncio's default is 256 KB). Under load, 1 MB reads
 #: took about 10% less proxy CPU per MB forwarded (fewer wake-ups, reads and recorder items).
 _READ_SIZE = 1 << 20
@@ -80,15 +91,15 @@ class ClientProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         _read_large(transport)
-        self.session = Session(self.proxy, transport, self.targets())  # type: ignore[arg-type]
+        self.session = Session(self.proxy, transport)  # type: ignore[arg-type]
+        self.session.connect_async(self.targets())
 
     def data_received(self, data: bytes) -> None:
         self.session.from_client(data)  # type: ignore[union-attr]
         self.proxy.recorder.catch_up()  # after forwarding: what came in is on its way
 
     def eof_received(self) -> bool:
-        self.session.client_gone(None)  # type: ignore[union-attr]
-        return False
+        return self.session.client_eof()  # type: ignore[union-attr]
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.session is not None:
@@ -131,15 +142,22 @@ class _UpstreamProtocol(asyncio.Protocol):
 class Session:
     """Forwarding state of one client connection."""
 
-    def __init__(self, proxy: Proxy, client: asyncio.Transport, targets: list[tuple[str, int]]) -> None:
+    def __init__(self, proxy: Proxy, client: Any) -> None:
         self.proxy = proxy
         self.metrics = proxy.metrics
         self.recorder = proxy.recorder
         self.rules = proxy.rules
         self.key = proxy.next_session_key()
         self.cl = client
-        self.up: asyncio.Transport | None = None
+        self.up: Any = None  # the upstream transport, once connected
         self.closed = False
+        self.ended_ns = 0
+        #: Set by a driver whose two directions may still be recording after the session
+        #: ended (threads): it then calls ``record_close`` itself once both are done.
+        self.record_close_later = False
+        self.lock = threading.Lock()  # inflight, inflight_ids, injected_waiting, closed
+        self._connect_task: asyncio.Task[None] | None = None
+        self._linger: asyncio.TimerHandle | None = None
         self.end_reason: str | None = None
         self.bytes_from_client = 0
         self.bytes_to_client = 0
@@ -165,13 +183,16 @@ class Session:
         self.injected_waiting = 0
         peer = client.get_extra_info("peername") or (None, None)
         self.client_addr = (peer[0], peer[1])
-        self.metrics.connections_open += 1
-        self.metrics.connections_total += 1
+        self.metrics.add("connections_open")
+        self.metrics.add("connections_total")
         proxy.sessions.add(self)
-        self.pause_client("connecting", True)
-        self._connect_task = asyncio.get_running_loop().create_task(self._connect(targets))
 
     # ---- connection life --------------------------------------------------------------
+
+    def connect_async(self, targets: list[tuple[str, int]]) -> None:
+        """Connect upstream on the event loop; what the client sends meanwhile waits."""
+        self.pause_client("connecting", True)
+        self._connect_task = asyncio.get_running_loop().create_task(self._connect(targets))
 
     async def _connect(self, targets: list[tuple[str, int]]) -> None:
         loop = asyncio.get_running_loop()
@@ -191,28 +212,40 @@ class Session:
             except (OSError, TimeoutError) as exc:
                 error = exc
                 continue
-            if self.closed:
-                transport.abort()
+            if not self.connected(transport, (host, port)):
                 return
-            self.up = transport  # type: ignore[assignment]
-            peer = transport.get_extra_info("peername") or (host, port)
-            self._open_record(peer[0], peer[1])
-            backlog, self.c_backlog = self.c_backlog or [], None
-            for data, ts in backlog:
-                self._from_client(data, ts)
             self.recorder.catch_up()
             self.pause_client("connecting", False)
             return
-        self.metrics.upstream_failures += 1
+        self.unreachable(targets, error)
+
+    def connected(self, upstream: Any, target: tuple[str, int]) -> bool:
+        """The upstream connection is open: forward what the client sent meanwhile.
+
+        False (and ``upstream`` aborted) if the session ended while it was connecting.
+        """
+        if self.closed:
+            upstream.abort()
+            return False
+        self.up = upstream
+        peer = upstream.get_extra_info("peername") or target
+        self._open_record(peer[0], peer[1])
+        backlog, self.c_backlog = self.c_backlog or [], None
+        for data, ts in backlog:
+            self._from_client(data, ts)
+        return True
+
+    def unreachable(self, targets: list[tuple[str, int]], error: BaseException | None) -> None:
+        """No broker answered: record the attempt and what the client sent, reset the client."""
+        self.metrics.add("upstream_failures")
         log.warning("no broker reachable for client %s:%s (%s)", *self.client_addr, error)
         host, port = targets[0] if targets else (None, None)
         self._open_record(host, port)
         for data, ts in self.c_backlog or []:
             self.recorder.data(self.key, 0, data, ts)
         self.c_backlog = None
-        self.end_reason = "rst"
-        self._finish()
-        self.cl.abort()
+        if self._end("rst"):
+            self.cl.abort()
 
     def _open_record(self, broker_ip: str | None, broker_port: int | None) -> None:
         from kwire.rows import ConnectionInfo
@@ -255,42 +288,71 @@ class Session:
             except (AttributeError, RuntimeError):
                 pass
 
-    def client_gone(self, exc: Exception | None) -> None:
-        if self.closed:
+    def client_eof(self) -> bool:
+        """The client ended its side of the stream (event loop). True: the session goes on.
+
+        The end is passed on to the broker, and what the broker still sends reaches the client
+        until the broker ends its side too (at most ``LINGER_SECONDS``), as on a direct
+        connection. Where it cannot be passed on (still connecting, a delayed request held,
+        TLS on either side) the session ends now.
+        """
+        up = self.up
+        ends_now = up is None or self.c_delayed is not None
+        if self.closed or ends_now or not (up.can_write_eof() and self.cl.can_write_eof()):
+            self.client_gone(None)
+            return False
+        up.write_eof()
+        self._linger = asyncio.get_running_loop().call_later(LINGER_SECONDS, self.client_gone, None)
+        return True
+
+    def client_gone(self, exc: BaseException | None) -> None:
+        """The client closed (``exc`` None) or reset its connection."""
+        if not self._end("fin" if exc is None else "rst"):
             return
-        self.end_reason = "fin" if exc is None else "rst"
-        self._finish()
+        self.cl.close()  # after an end of stream the client may still be reading (a linger)
         if self.up is not None:
             self.up.close()  # what the client sent is flushed to the broker first
-        self._connect_task.cancel()
+        if self._connect_task is not None:
+            self._connect_task.cancel()
 
-    def upstream_gone(self, exc: Exception | None) -> None:
-        if self.closed:
-            return
-        self.end_reason = "fin" if exc is None else "rst"
-        self._finish()
-        self.cl.close()  # what the broker sent is flushed to the client first
+    def upstream_gone(self, exc: BaseException | None) -> None:
+        """The broker closed (``exc`` None) or reset the upstream connection."""
+        if self._end("fin" if exc is None else "rst"):
+            self.cl.close()  # what the broker sent is flushed to the client first
 
     def abort(self, reason: str) -> None:
         """Cut both connections now (proxy shutdown, injected close)."""
-        if self.closed:
+        if not self._end(reason):
             return
-        self.end_reason = reason
-        self._finish()
         self.cl.abort()
         if self.up is not None:
             self.up.abort()
-        self._connect_task.cancel()
+        if self._connect_task is not None:
+            self._connect_task.cancel()
 
-    def _finish(self) -> None:
-        self.closed = True
+    def _end(self, reason: str) -> bool:
+        """Mark the session ended, once: False if it already was (the other side got there first)."""
+        with self.lock:
+            if self.closed:
+                return False
+            self.closed = True
+        self.ended_ns = _time_ns()
+        self.end_reason = reason
+        if self._linger is not None:
+            self._linger.cancel()
         self.proxy.sessions.discard(self)
-        self.metrics.connections_open -= 1
+        self.metrics.add("connections_open", -1)
+        if not self.record_close_later:
+            self.record_close()
+        return True
+
+    def record_close(self) -> None:
+        """Queue the connection's end for the recorder (after every byte it carried)."""
         if self.c_backlog is None:  # opened in the recorder
             self.recorder.close(
                 self.key,
-                _time_ns(),
-                self.end_reason or "fin",
+                self.ended_ns or _time_ns(),
+                self.end_reason or "open_at_end",
                 {"bytes_to_broker": self.bytes_from_client, "bytes_to_client": self.bytes_to_client},
             )
 
@@ -306,7 +368,7 @@ class Session:
         if self.closed:
             return
         self.bytes_from_client += len(data)
-        self.metrics.bytes_to_broker += len(data)
+        self.metrics.add("bytes_to_broker", len(data))
         self.recorder.data(self.key, 0, data, ts)
         if self.c_delayed is not None:
             self.c_delayed.append(data)
@@ -388,7 +450,7 @@ class Session:
 
     def _request_head(self, head: RequestHead) -> bool:
         """Note a request; True if its whole frame must be held (a fault rule may act on it)."""
-        self.metrics.requests[(head.api_key, head.api_version, head.client_id or "")] += 1
+        self.metrics.bump(self.metrics.requests, (head.api_key, head.api_version, head.client_id or ""))
         if self.rules and self.rules.may_apply(head.api_key):
             return True
         if head.expects_response:
@@ -397,10 +459,11 @@ class Session:
 
     def _expect(self, head: RequestHead, injected: bytes | None) -> None:
         corr = head.correlation_id
-        self.inflight.append(_Inflight(corr, head.api_key, head.api_version, injected))
-        self.inflight_ids[corr] = self.inflight_ids.get(corr, 0) + 1
-        if injected is not None:
-            self.injected_waiting += 1
+        with self.lock:
+            self.inflight.append(_Inflight(corr, head.api_key, head.api_version, injected))
+            self.inflight_ids[corr] = self.inflight_ids.get(corr, 0) + 1
+            if injected is not None:
+                self.injected_waiting += 1
 
     def _held_request(self, head: RequestHead, frame: bytes) -> bool:
         """A whole request a rule may act on. True if client processing must stop for now."""
@@ -438,20 +501,20 @@ class Session:
                     exc,
                 )
                 return self._forward_request(head, frame)
-            self.metrics.injected[(rule.text, "error")] += 1
+            self.metrics.bump(self.metrics.injected, (rule.text, "error"))
             self._expect(head, response)
             self.recorder.injected(self.key, head.correlation_id)
             self._flush_injected()
             return False
         if rule.action == "latency":
-            self.metrics.injected[(rule.text, "latency")] += 1
+            self.metrics.bump(self.metrics.injected, (rule.text, "latency"))
             if head.expects_response:
                 self._expect(head, None)
             self.c_delayed = []
             self.pause_client("latency", True)
             asyncio.get_running_loop().call_later(rule.latency_s, self._release, frame)
             return True
-        self.metrics.injected[(rule.text, "close")] += 1
+        self.metrics.bump(self.metrics.injected, (rule.text, "close"))
         self.abort("rst")
         return True
 
@@ -478,10 +541,15 @@ class Session:
 
     # ---- broker -> client -------------------------------------------------------------
 
+    # A write that fails (the client reset the connection) is not recorded: on the event loop
+    # the transport swallows the error and is closing from then on; a blocking socket raises.
+
     def _to_client(self, data: Any) -> None:
         self.cl.write(data)
+        if self.cl.is_closing():
+            return
         self.bytes_to_client += len(data)
-        self.metrics.bytes_to_client += len(data)
+        self.metrics.add("bytes_to_client", len(data))
         self.recorder.data(self.key, 1, data, _time_ns())
 
     def _pieces_to_client(self, pieces: list[Any]) -> None:
@@ -491,46 +559,52 @@ class Session:
         for piece in pieces:
             write(piece)
             size += len(piece)
+        if self.cl.is_closing():
+            return
         self.bytes_to_client += size
-        self.metrics.bytes_to_client += size
+        self.metrics.add("bytes_to_client", size)
         ts = _time_ns()
         for piece in pieces:
             self.recorder.data(self.key, 1, piece, ts)
 
     def _match(self, corr: int) -> tuple[_Inflight | None, list[bytes]]:
         """The request a response answers, and injected responses due before it."""
-        if corr not in self.inflight_ids:
-            return None, []
         before: list[bytes] = []
-        queue = self.inflight
-        while queue:
-            entry = queue.popleft()
-            left = self.inflight_ids[entry.correlation_id] - 1
-            if left:
-                self.inflight_ids[entry.correlation_id] = left
-            else:
-                del self.inflight_ids[entry.correlation_id]
-            if entry.injected is not None:
-                self.injected_waiting -= 1
-                before.append(entry.injected)
-            elif entry.correlation_id == corr:
-                return entry, before
+        with self.lock:
+            if corr not in self.inflight_ids:
+                return None, before
+            queue = self.inflight
+            while queue:
+                entry = self._next_inflight()
+                if entry.injected is not None:
+                    before.append(entry.injected)
+                elif entry.correlation_id == corr:
+                    return entry, before
         return None, before
+
+    def _next_inflight(self) -> _Inflight:
+        """Take the oldest request awaiting a response off the queue (``lock`` held)."""
+        entry = self.inflight.popleft()
+        left = self.inflight_ids[entry.correlation_id] - 1
+        if left:
+            self.inflight_ids[entry.correlation_id] = left
+        else:
+            del self.inflight_ids[entry.correlation_id]
+        if entry.injected is not None:
+            self.injected_waiting -= 1
+        return entry
 
     def _flush_injected(self) -> None:
         """Write injected responses now at the head of the queue, if no response is mid-way."""
         if not self.injected_waiting or self.b_frame_left or self.b_hold is not None or self.b_head:
             return
-        queue = self.inflight
-        while queue and queue[0].injected is not None:
-            entry = queue.popleft()
-            left = self.inflight_ids[entry.correlation_id] - 1
-            if left:
-                self.inflight_ids[entry.correlation_id] = left
-            else:
-                del self.inflight_ids[entry.correlation_id]
-            self.injected_waiting -= 1
-            self._to_client(entry.injected)
+        while True:
+            with self.lock:
+                queue = self.inflight
+                if not queue or queue[0].injected is None:
+                    return
+                response = self._next_inflight().injected
+            self._to_client(response)
 
     def from_upstream(self, data: bytes) -> None:
         if self.closed:
@@ -643,7 +717,7 @@ class Session:
                 self.proxy.topic_names,
             )
         except rewrite.DECODE_ERRORS as exc:
-            self.metrics.rewrite_errors[entry.api_key] += 1
+            self.metrics.bump(self.metrics.rewrite_errors, entry.api_key)
             log.warning(
                 "could not rewrite a %s v%s response (%s); forwarded unchanged",
                 protocol.api_name(entry.api_key),
@@ -653,5 +727,5 @@ class Session:
             return frame
         if out is None:
             return frame
-        self.metrics.rewrites[entry.api_key] += 1
+        self.metrics.bump(self.metrics.rewrites, entry.api_key)
         return out

@@ -16,11 +16,13 @@ from typing import Any
 
 import pyarrow.dataset as ds
 import pytest
+from typer.testing import CliRunner
 
 from decoder import message_codec as mc
 from decoder import protocol
 from decoder.connection import KafkaConnection
 from decoder.events import ResponseReceived
+from kwire.cli import app
 from proxy import rewrite
 from proxy.embedded import ProxyThread, loopback_config
 from proxy.framing import parse_request_head
@@ -481,8 +483,13 @@ def test_latency_and_close_rules(fake: FakeBroker) -> None:
     assert 5 not in [struct.unpack_from(">i", f, 8)[0] for f in fake.received]
 
 
-def test_metadata_rewritten_and_broker_listener_serves(fake: FakeBroker, tmp_path: Path) -> None:
-    with ProxyThread(proxy_config(fake.port, tmp_path, advertise="127.0.0.1")) as running:
+IO_MODES = pytest.mark.parametrize("io", ["threads", "asyncio"])
+
+
+@IO_MODES
+def test_metadata_rewritten_and_broker_listener_serves(fake: FakeBroker, tmp_path: Path, io: str) -> None:
+    with ProxyThread(proxy_config(fake.port, tmp_path, advertise="127.0.0.1", io=io)) as running:
+        assert running.proxy.threaded == (io == "threads")
         with socket.create_connection(("127.0.0.1", running.proxy.listen_port)) as s:
             request = request_frame(3, 9, 11)
             s.sendall(request)
@@ -502,10 +509,11 @@ def test_metadata_rewritten_and_broker_listener_serves(fake: FakeBroker, tmp_pat
     assert brokers and {b["host"] for b in brokers} == {"127.0.0.1"}  # rows show what the client saw
 
 
-def test_unknown_api_and_garbage_pass_through_unchanged() -> None:
+@IO_MODES
+def test_unknown_api_and_garbage_pass_through_unchanged(io: str) -> None:
     echo = FakeBroker(raw=True)
     try:
-        with ProxyThread(proxy_config(echo.port)) as running:
+        with ProxyThread(proxy_config(echo.port, io=io)) as running:
             unknown = struct.pack(">ihhi", 10, 999, 3, 1) + b"\x00\x02hi"
             garbage = struct.pack(">i", -7) + bytes(range(256)) * 4
             for payload in (unknown * 3, unknown + garbage):
@@ -523,12 +531,15 @@ def test_unknown_api_and_garbage_pass_through_unchanged() -> None:
         echo.close()
 
 
-def test_sasl_passes_through_and_credentials_are_not_recorded(fake: FakeBroker, tmp_path: Path) -> None:
+@IO_MODES
+def test_sasl_passes_through_and_credentials_are_not_recorded(
+    fake: FakeBroker, tmp_path: Path, io: str
+) -> None:
     secret = b"\x00alice\x00s3cr3t-password"
     handshake = request_frame(17, 1, 1, {"Mechanism": "PLAIN"})
     authenticate = request_frame(36, 2, 2, {"AuthBytes": secret})
     with (
-        ProxyThread(proxy_config(fake.port, tmp_path)) as running,
+        ProxyThread(proxy_config(fake.port, tmp_path, io=io)) as running,
         socket.create_connection(("127.0.0.1", running.proxy.listen_port)) as s,
     ):
         s.sendall(handshake + authenticate)
@@ -539,3 +550,52 @@ def test_sasl_passes_through_and_credentials_are_not_recorded(fake: FakeBroker, 
     assert "PLAIN" in table["sasl_mechanism"].to_pylist()
     for path in tmp_path.rglob("*.parquet"):
         assert b"s3cr3t" not in path.read_bytes()
+
+
+@IO_MODES
+def test_client_end_of_stream_still_gets_the_responses(fake: FakeBroker, tmp_path: Path, io: str) -> None:
+    """A client that sends its requests and then ends its side (shutdown SHUT_WR) still gets
+    every response, as on a direct connection: the proxy passes the end on, not a reset."""
+    requests = request_frame(12, 0, 1) + request_frame(12, 0, 2)
+    with ProxyThread(proxy_config(fake.port, tmp_path, io=io)) as running:
+        with socket.create_connection(("127.0.0.1", running.proxy.listen_port)) as s:
+            s.sendall(requests)
+            s.shutdown(socket.SHUT_WR)
+            frames = recv_frames(s, 3)  # the broker answers after 50 ms each; then the end
+        assert [struct.unpack_from(">i", f, 4)[0] for f in frames] == [1, 2]
+    assert bytes(fake.received_bytes) == requests
+    [connection] = ds.dataset(tmp_path / "connections", partitioning="hive").to_table().to_pylist()
+    assert connection["end_reason"] == "fin"
+    table = ds.dataset(tmp_path / "exchanges", partitioning="hive").to_table()
+    assert sorted(table["correlation_id"].to_pylist()) == [1, 2]
+    assert set(table["status"].to_pylist()) == {"ok"}
+
+
+def test_io_mode_follows_tls_and_rules(tmp_path: Path) -> None:
+    rule = parse_rule("api=Produce,error=56")
+    assert loopback_config(1).threaded()
+    assert not loopback_config(1, rules=[rule]).threaded()  # rules answer from the event loop
+    assert not loopback_config(1, upstream_tls=True).threaded()
+    assert not loopback_config(1, io="asyncio").threaded()
+    with pytest.raises(ValueError, match="TLS or fault rules"):
+        loopback_config(1, io="threads", rules=[rule]).threaded()
+    with pytest.raises(ValueError, match="io must be one of"):
+        loopback_config(1, io="fibres").threaded()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--io", "threads", "--inject", "api=Produce,error=56"], "does not do TLS or fault rules"),
+        (["--io", "fibres"], "io must be one of"),
+        (["--inject", "api=Produce,error=NO_SUCH_ERROR"], "bad fault rule"),
+        (["--tls-cert", "c.pem"], "--tls-cert and --tls-key go together"),
+    ],
+)
+def test_proxy_usage_errors_are_one_line_and_exit_2(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(
+        app, ["proxy", "--bootstrap", "127.0.0.1:1", "--listen", "127.0.0.1:0", *args]
+    )
+    assert result.exit_code == 2
+    [line] = result.stderr.splitlines()
+    assert line.startswith("kwire proxy: ") and message in line
