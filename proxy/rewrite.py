@@ -198,6 +198,8 @@ def _walk_plan(api_key: int, api_version: int) -> tuple[bool, tuple[Any, ...], i
     fields = _freeze(entry[1])
     if _names_topic_ids(fields):  # topic ids are learned from responses naming topics both ways
         return None
+    if {"node_id", "host", "port"} <= {field[4] for field in fields}:
+        return None  # the response itself names a broker (FindCoordinator v0-3): no struct to find
     return entry[0], fields, protocol.response_header_version(api_key, api_version)
 
 

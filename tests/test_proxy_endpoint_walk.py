@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from decoder import message_codec as mc
-from proxy.rewrite import DECODE_ERRORS, may_carry_endpoints, rewrite_response
+from decoder import protocol
+from proxy.rewrite import DECODE_ERRORS, has_endpoints, may_carry_endpoints, rewrite_response
 
 FETCH, PRODUCE = 1, 0
 ENDPOINT = {"NodeId": 1, "Host": "broker-1.internal", "Port": 9092, "Rack": None}
@@ -100,6 +101,23 @@ def test_doubt_means_hold(api_key, version, build) -> None:
     for bad in (cut_short, overlong, relabelled):
         for pieces in splits(bad, random.Random(len(bad)), count=5):
             assert may_carry_endpoints(pieces, api_key, version) is True
+
+
+@pytest.mark.parametrize(
+    ("api_key", "version"), [kv for kv in protocol.all_versions("response") if has_endpoints(*kv)]
+)
+def test_never_false_where_a_rewrite_would_change_the_frame(api_key: int, version: int) -> None:
+    """Every response that can name a broker, as its default tree with a broker named wherever
+    its top level has the fields for one (FindCoordinator v0-3 names it there, in no struct):
+    wherever rewriting changes the frame, the walk must say True, in one piece or many."""
+    tree = mc.default_tree("response", api_key, version)
+    if "Host" in tree and "Port" in tree:
+        tree.update({k: v for k, v in ENDPOINT.items() if k in tree})
+    data = frame(api_key, version, tree)
+    if rewrite_response(data, api_key, version, lambda *_: ("127.0.0.1", 1)) is None:
+        return
+    for pieces in splits(data, random.Random(api_key * 100 + version), count=3):
+        assert may_carry_endpoints(pieces, api_key, version) is True
 
 
 def test_an_api_without_a_walk_plan_is_always_held() -> None:
