@@ -6,19 +6,19 @@ connects upstream and then reads the client, and a second thread that reads the 
 A read is up to 1 MB (``recv``), handed to the session, which writes it on with ``sendall``:
 a slow reader holds its writer back, which is all the backpressure there is to have.
 
-Why threads: on a 2-core machine, with the broker and the clients on the same cores, an
-asyncio forwarding path (selector wake-ups, transport buffering, callbacks) cost the proxy
-about twice the CPU per MB of blocking reads and writes, and that CPU is taken from the
-broker and the clients (``bench/proxy_overhead.py``; the README's Overhead section has the
-figures). TLS and fault rules stay on the event loop (``proxy.session.ClientProtocol``):
+Why threads: on a 2-core machine, with the broker and the clients on the same cores, the
+CPU a proxy burns is taken from them. A bare asyncio forwarder (selector wake-ups, transport
+buffering, callbacks) cost 1.4-1.8 times the CPU per MB of a bare threaded one; for kwire,
+whose decoding and rows cost the same either way, threads saved 3-9% (``bench/
+proxy_overhead.py``; the README's Overhead section has the figures). TLS and fault rules stay on the event loop (``proxy.session.ClientProtocol``):
 TLS needs its buffering, and rules answer or delay requests from timers.
 
 Ending: a reset or a failed write on either side, or the broker's end of stream, ends the
 session once (``Session.client_gone``/``upstream_gone``), which shuts both sockets down; that
 wakes the other thread's blocked read. The client's end of stream is passed on as a half
 close: the broker sees it and the responses it is still sending reach the client (or the
-client's reset, which is recorded), for at most ``proxy.session.LINGER_SECONDS``. The client's thread
-closes both sockets once both threads are done.
+client's reset, which is recorded), for at most ``proxy.session.LINGER_SECONDS``. The
+client's thread closes both sockets once both threads are done.
 """
 
 from __future__ import annotations
