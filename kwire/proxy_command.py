@@ -92,6 +92,8 @@ def proxy(
         listen_address = parse_address(listen, 9092)
     except ValueError as exc:
         _fail(str(exc))
+    if metrics_port is not None and not 0 <= metrics_port <= 65535:
+        _fail(f"--metrics-port {metrics_port}: the port must be a number from 0 to 65535")
     if bool(tls_cert) != bool(tls_key):
         _fail("--tls-cert and --tls-key go together")
     try:

@@ -483,10 +483,10 @@ def test_latency_and_close_rules(fake: FakeBroker) -> None:
     assert 5 not in [struct.unpack_from(">i", f, 8)[0] for f in fake.received]
 
 
-IO_MODES = pytest.mark.parametrize("io", ["threads", "asyncio"])
+BOTH_IO_PATHS = pytest.mark.parametrize("io", ["threads", "asyncio"])
 
 
-@IO_MODES
+@BOTH_IO_PATHS
 def test_metadata_rewritten_and_broker_listener_serves(fake: FakeBroker, tmp_path: Path, io: str) -> None:
     with ProxyThread(proxy_config(fake.port, tmp_path, advertise="127.0.0.1", io=io)) as running:
         assert running.proxy.threaded == (io == "threads")
@@ -509,7 +509,7 @@ def test_metadata_rewritten_and_broker_listener_serves(fake: FakeBroker, tmp_pat
     assert brokers and {b["host"] for b in brokers} == {"127.0.0.1"}  # rows show what the client saw
 
 
-@IO_MODES
+@BOTH_IO_PATHS
 def test_unknown_api_and_garbage_pass_through_unchanged(io: str) -> None:
     echo = FakeBroker(raw=True)
     try:
@@ -531,7 +531,7 @@ def test_unknown_api_and_garbage_pass_through_unchanged(io: str) -> None:
         echo.close()
 
 
-@IO_MODES
+@BOTH_IO_PATHS
 def test_sasl_passes_through_and_credentials_are_not_recorded(
     fake: FakeBroker, tmp_path: Path, io: str
 ) -> None:
@@ -552,7 +552,7 @@ def test_sasl_passes_through_and_credentials_are_not_recorded(
         assert b"s3cr3t" not in path.read_bytes()
 
 
-@IO_MODES
+@BOTH_IO_PATHS
 def test_client_end_of_stream_still_gets_the_responses(fake: FakeBroker, tmp_path: Path, io: str) -> None:
     """A client that sends its requests and then ends its side (shutdown SHUT_WR) still gets
     every response, as on a direct connection: the proxy passes the end on, not a reset."""
@@ -590,6 +590,9 @@ def test_io_mode_follows_tls_and_rules(tmp_path: Path) -> None:
         (["--io", "fibres"], "io must be one of"),
         (["--inject", "api=Produce,error=NO_SUCH_ERROR"], "bad fault rule"),
         (["--tls-cert", "c.pem"], "--tls-cert and --tls-key go together"),
+        (["--listen", "127.0.0.1:99999"], "the port must be a number from 0 to 65535"),
+        (["--bootstrap", "broker:notaport"], "the port must be a number from 0 to 65535"),
+        (["--metrics-port", "70000"], "the port must be a number from 0 to 65535"),
     ],
 )
 def test_proxy_usage_errors_are_one_line_and_exit_2(args: list[str], message: str) -> None:
