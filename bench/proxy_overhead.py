@@ -8,6 +8,8 @@ paths to them:
   as it runs by default: plain connections forwarded on two threads each;
 * ``kwire-aio``: the same with ``--io asyncio``: every connection on the event loop, the
   path TLS and fault rules take;
+* ``kwire-uv``: ``kwire-aio`` on uvloop's event loop instead of asyncio's (skipped when uvloop
+  is not installed);
 * ``tansu``: Tansu's own Kafka proxy (``<tansu> proxy``), from the same binary;
 * ``socat``: a native byte forwarder (``socat``, 256 KB buffers, one process per
   connection) in front of a broker that advertises socat's port, so clients stay on it
@@ -37,15 +39,16 @@ throughput phases back to back, then the latency phases, so the paths it compare
 within seconds of each other. The order rotates from round to round (round 1 starts with
 ``direct``, round 2 with the next path, ...): the first phase after a quiet spell runs
 slower here, and a fixed order would hand that to one path every time. ``--modes`` picks
-paths (``direct`` always runs, as the reference); the default 7 rounds start each of the 7
+paths (``direct`` always runs, as the reference); the default 8 rounds start each of the 8
 paths once.
 
-Usage: ``python bench/proxy_overhead.py [--records 300000] [--rate 300] [--seconds 5] [--repeat 7] [--modes direct,kwire,kwire-aio,tansu,socat,asyncio,threads]``.
+Usage: ``python bench/proxy_overhead.py [--records 300000] [--rate 300] [--seconds 5] [--repeat 8] [--modes direct,kwire,kwire-aio,kwire-uv,tansu,socat,asyncio,threads]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -227,9 +230,17 @@ def latency(bootstrap: str, topic: str, rate: int, seconds: float) -> dict[str, 
     }
 
 
-MODES = ("direct", "kwire", "kwire-aio", "tansu", "socat", "asyncio", "threads")
+MODES = ("direct", "kwire", "kwire-aio", "kwire-uv", "tansu", "socat", "asyncio", "threads")
 #: The ``kwire proxy`` paths, and the options that make them differ.
-_KWIRE = {"kwire": [], "kwire-aio": ["--io", "asyncio"]}
+_KWIRE = {"kwire": [], "kwire-aio": ["--io", "asyncio"], "kwire-uv": ["--io", "asyncio"]}
+#: ``kwire`` with uvloop's event loop in place of asyncio's (not a kwire option: measured, it
+#: did not help; this path keeps the measurement repeatable).
+_UVLOOP_LAUNCHER = [
+    sys.executable,
+    "-c",
+    "import asyncio, uvloop; asyncio.set_event_loop_policy(uvloop.EventLoopPolicy()); "
+    "from kwire.cli import app; app()",
+]
 #: The bare Python forwarders (bench/), by path.
 _FORWARDERS = {"asyncio": "asyncio_forwarder.py", "threads": "threaded_forwarder.py"}
 
@@ -274,7 +285,8 @@ class BenchPath:
                     str(self.dataset),
                     "--log-level",
                     "warning",
-                ]
+                ],
+                launcher=_UVLOOP_LAUNCHER if mode == "kwire-uv" else None,
             ).start()
             self.bootstrap, self.pid = f"127.0.0.1:{self.proxy.port}", self.proxy.proc.pid
         elif mode == "tansu":
@@ -426,6 +438,9 @@ def main() -> int:
             file=sys.stderr,
         )
         modes.remove("socat")
+    if "kwire-uv" in modes and importlib.util.find_spec("uvloop") is None:
+        print("uvloop not installed (pip install uvloop): skipping the kwire-uv path", file=sys.stderr)
+        modes.remove("kwire-uv")
 
     rounds: list[dict[str, dict[str, Any]]] = []
     workdir = Path(tempfile.mkdtemp(prefix="kwire-bench-"))

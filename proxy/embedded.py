@@ -115,9 +115,15 @@ class ProxyProcess:
     """``kwire proxy ARGS`` as a child process; ``start()`` returns once it listens."""
 
     def __init__(
-        self, args: Sequence[str], start_timeout: float = 20.0, log_path: str | os.PathLike[str] | None = None
+        self,
+        args: Sequence[str],
+        start_timeout: float = 20.0,
+        log_path: str | os.PathLike[str] | None = None,
+        launcher: Sequence[str] | None = None,
     ) -> None:
+        """``launcher``: the command that stands for ``kwire`` (default: the venv's ``kwire``)."""
         self.args = list(args)
+        self.launcher = list(launcher) if launcher else None
         self.start_timeout = start_timeout
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = Path(log_path) if log_path else None
@@ -127,7 +133,7 @@ class ProxyProcess:
 
     def start(self) -> ProxyProcess:
         kwire = Path(sys.executable).with_name("kwire")
-        command = (
+        command = self.launcher or (
             [str(kwire)] if kwire.exists() else [sys.executable, "-c", "from kwire.cli import app; app()"]
         )
         if self.log_path is None:

@@ -326,6 +326,9 @@ class Recorder:
         for row in conn_rows:
             writer.connections.append(row)
         writer.roll()
+        # counted here, in the writer thread, so the metrics show a roll as soon as it is done
+        self.metrics.add("rows_written", len(rows))
+        self.metrics.add("files_rolled")
         return len(rows)
 
     def _collect(self) -> None:
@@ -333,9 +336,7 @@ class Recorder:
         self._writing_rows = 0
         if future is None:
             return
-        written = future.result()  # a writer error ends the proxy loudly rather than silently
-        self.metrics.add("rows_written", written)
-        self.metrics.add("files_rolled")
+        future.result()  # a writer error ends the proxy loudly rather than silently
 
     async def stop(self) -> None:
         """Decode everything queued, close what is still open, write and roll the last files."""
@@ -354,9 +355,7 @@ class Recorder:
         if self.writer is not None and (self._rows or self._conn_rows):
             rows, conn_rows = self._rows, self._conn_rows
             self._rows, self._conn_rows = [], []
-            written = await asyncio.wrap_future(self._executor.submit(self._write, rows, conn_rows))
-            self.metrics.add("rows_written", written)
-            self.metrics.add("files_rolled")
+            await asyncio.wrap_future(self._executor.submit(self._write, rows, conn_rows))
         self._executor.shutdown(wait=True)
 
     @property

@@ -9,7 +9,7 @@ address; responses are rewritten so clients only ever learn proxy addresses
 (``proxy.session``), so correlation ids and ordering stay the client's own.
 
 Plain connections (no TLS, no fault rules) are forwarded on blocking threads, two per
-connection (``proxy.threaded``), which cost less CPU per MB than the event-loop path (3-9%
+connection (``proxy.threaded``), which cost less CPU per MB than the event-loop path (3-10%
 in the runs the README's Overhead section reports); with TLS or fault rules every connection
 goes through the event loop. ``ProxyConfig.io``
 chooses explicitly.

@@ -9,7 +9,7 @@ a slow reader holds its writer back, which is all the backpressure there is to h
 Why threads: on a 2-core machine, with the broker and the clients on the same cores, the
 CPU a proxy burns is taken from them. A bare asyncio forwarder (selector wake-ups, transport
 buffering, callbacks) cost 1.4-1.8 times the CPU per MB of a bare threaded one; for kwire,
-whose decoding and rows cost the same either way, threads saved 3-9% (``bench/
+whose decoding and rows cost the same either way, threads saved 3-10% (``bench/
 proxy_overhead.py``; the README's Overhead section has the figures). TLS and fault rules stay on the event loop (``proxy.session.ClientProtocol``):
 TLS needs its buffering, and rules answer or delay requests from timers.
 

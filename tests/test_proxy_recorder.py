@@ -79,7 +79,7 @@ def _close_and_write(recorder: Recorder) -> None:
     recorder._process(None)
     recorder._maybe_flush(force=True)
     recorder._writing.result()  # type: ignore[union-attr]
-    recorder._collect()
+    # no _collect(): the metrics must count a roll once it is done, not when the recorder next looks
     recorder._executor.shutdown(wait=True)
 
 
@@ -136,7 +136,7 @@ def test_rows_beyond_the_writers_backlog_are_dropped_and_counted(tmp_path: Path)
     _feed(recorder, catch_up=True)
     _close_and_write(recorder)
     assert metrics.dropped_rows == EXPECTED_ROWS - 5 == recorder.dropped_rows
-    assert metrics.rows_written == 5
+    assert metrics.rows_written == 5 and metrics.files_rolled == 1
     assert sum(c["dropped_rows"] for c in _table(tmp_path, "connections")) == EXPECTED_ROWS - 5
     assert ds.dataset(tmp_path / "exchanges", partitioning="hive").count_rows() == 5
 
