@@ -66,7 +66,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from realkafka import TansuBroker, free_port, tansu_binary  # noqa: E402
 
-from proxy.embedded import ProxyProcess  # noqa: E402
+from proxy.embedded import KWIRE_MAIN, ProxyProcess  # noqa: E402
 
 RECORD = b"x" * 1024
 
@@ -238,8 +238,7 @@ _KWIRE = {"kwire": [], "kwire-aio": ["--io", "asyncio"], "kwire-uv": ["--io", "a
 _UVLOOP_LAUNCHER = [
     sys.executable,
     "-c",
-    "import asyncio, uvloop; asyncio.set_event_loop_policy(uvloop.EventLoopPolicy()); "
-    "from kwire.cli import app; app()",
+    "import asyncio, uvloop; asyncio.set_event_loop_policy(uvloop.EventLoopPolicy()); " + KWIRE_MAIN,
 ]
 #: The bare Python forwarders (bench/), by path.
 _FORWARDERS = {"asyncio": "asyncio_forwarder.py", "threads": "threaded_forwarder.py"}

@@ -19,7 +19,10 @@ from typing import Any
 
 from proxy.server import Proxy, ProxyConfig
 
-__all__ = ["ProxyProcess", "ProxyThread", "loopback_config"]
+__all__ = ["KWIRE_MAIN", "ProxyProcess", "ProxyThread", "loopback_config"]
+
+#: Python code that runs the ``kwire`` command line (for ``python -c``).
+KWIRE_MAIN = "from kwire.cli import app; app()"
 
 
 def loopback_config(
@@ -133,9 +136,7 @@ class ProxyProcess:
 
     def start(self) -> ProxyProcess:
         kwire = Path(sys.executable).with_name("kwire")
-        command = self.launcher or (
-            [str(kwire)] if kwire.exists() else [sys.executable, "-c", "from kwire.cli import app; app()"]
-        )
+        command = self.launcher or ([str(kwire)] if kwire.exists() else [sys.executable, "-c", KWIRE_MAIN])
         if self.log_path is None:
             import tempfile
 

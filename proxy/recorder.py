@@ -105,7 +105,7 @@ class Recorder:
         self._conns: dict[int, _Conn] = {}
         self._rows: list[dict[str, Any]] = []
         self._conn_rows: list[dict[str, Any]] = []
-        self._writing: concurrent.futures.Future[int] | None = None
+        self._writing: concurrent.futures.Future[None] | None = None
         self._writing_rows = 0
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kwire-writer")
         self._last_flush = time.monotonic()
@@ -318,7 +318,7 @@ class Recorder:
         self._writing_rows = len(rows)
         self._writing = self._executor.submit(self._write, rows, conn_rows)
 
-    def _write(self, rows: list[dict[str, Any]], conn_rows: list[dict[str, Any]]) -> int:
+    def _write(self, rows: list[dict[str, Any]], conn_rows: list[dict[str, Any]]) -> None:
         writer = self.writer
         assert writer is not None
         for row in rows:
@@ -329,7 +329,6 @@ class Recorder:
         # counted here, in the writer thread, so the metrics show a roll as soon as it is done
         self.metrics.add("rows_written", len(rows))
         self.metrics.add("files_rolled")
-        return len(rows)
 
     def _collect(self) -> None:
         future, self._writing = self._writing, None
