@@ -285,7 +285,7 @@ class Recorder:
             "last_packet_time": max(conn.last_ns, ts_ns) // 1000,
             "syn_seen": True,
             "end_reason": reason,
-            "protocol": "kafka",
+            "protocol": stats.get("protocol", "kafka"),
             "client_id": conn.rows.client_id,
             "bytes_to_broker": stats.get("bytes_to_broker", up["bytes"] + conn.gap_bytes[0]),
             "bytes_to_client": stats.get("bytes_to_client", down["bytes"] + conn.gap_bytes[1]),

@@ -175,34 +175,44 @@ class Proxy:
     # ---- listeners --------------------------------------------------------------------
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
         host, port = self.config.listen
-        if self.threaded:
-            self.listen_port = self._serve_threaded(_listening_socket(host, port), self._bootstrap_targets)
-        else:
-            server = await loop.create_server(
-                lambda: ClientProtocol(self, self._bootstrap_targets),
-                host,
-                port,
-                ssl=self.client_ssl,
-                reuse_address=True,
-                backlog=1024,
-            )
-            self.servers.append(server)
-            self.listen_port = server.sockets[0].getsockname()[1]
-        if self.config.listen[1] == 0:
+        try:
+            await self._listen(host, port)
+        except OSError as exc:  # the OS's message does not name the address
+            raise OSError(f"cannot listen on {host}:{port}: {_os_reason(exc)}") from exc
+        if port == 0:
             self.source = f"proxy:{host}:{self.listen_port}"
         self.recorder.start()
         if self.config.metrics_port is not None:
-            self._metrics_server = await serve_metrics(
-                self.metrics, self.config.metrics_host, self.config.metrics_port
-            )
+            metrics_host, metrics_port = self.config.metrics_host, self.config.metrics_port
+            try:
+                self._metrics_server = await serve_metrics(self.metrics, metrics_host, metrics_port)
+            except OSError as exc:
+                raise OSError(
+                    f"cannot serve metrics on {metrics_host}:{metrics_port}: {_os_reason(exc)}"
+                ) from exc
         log.info(
             "kwire proxy listening on %s:%s -> %s",
             host,
             self.listen_port,
             ", ".join(f"{h}:{p}" for h, p in self.config.bootstrap),
         )
+
+    async def _listen(self, host: str, port: int) -> None:
+        """Open the bootstrap listener (threads or the event loop, as configured)."""
+        if self.threaded:
+            self.listen_port = self._serve_threaded(_listening_socket(host, port), self._bootstrap_targets)
+            return
+        server = await asyncio.get_running_loop().create_server(
+            lambda: ClientProtocol(self, self._bootstrap_targets),
+            host,
+            port,
+            ssl=self.client_ssl,
+            reuse_address=True,
+            backlog=1024,
+        )
+        self.servers.append(server)
+        self.listen_port = server.sockets[0].getsockname()[1]
 
     @property
     def metrics_port(self) -> int | None:
@@ -322,6 +332,11 @@ class Proxy:
         await done.wait()
         log.info("stopping: flushing %s rows", len(self.recorder._rows))
         await self.stop()
+
+
+def _os_reason(exc: OSError) -> str:
+    """The OS's words for a failed bind (asyncio wraps them in a sentence of its own)."""
+    return os.strerror(exc.errno) if exc.errno else str(exc)
 
 
 def _listening_socket(host: str, port: int) -> socket.socket:

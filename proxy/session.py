@@ -353,7 +353,12 @@ class Session:
                 self.key,
                 self.ended_ns or _time_ns(),
                 self.end_reason or "open_at_end",
-                {"bytes_to_broker": self.bytes_from_client, "bytes_to_client": self.bytes_to_client},
+                {
+                    "bytes_to_broker": self.bytes_from_client,
+                    "bytes_to_client": self.bytes_to_client,
+                    # a stream forwarded blindly did not look like Kafka, as kwire decode would say
+                    "protocol": "other" if self.c_blind or self.b_blind else "kafka",
+                },
             )
 
     # ---- client -> broker -------------------------------------------------------------

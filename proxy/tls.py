@@ -17,14 +17,24 @@ __all__ = ["client_side_context", "upstream_context"]
 def client_side_context(cert: str | Path, key: str | Path) -> ssl.SSLContext:
     """Server-side context presented to clients."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(str(cert), str(key))
+    try:
+        context.load_cert_chain(str(cert), str(key))
+    except OSError as exc:  # ssl.SSLError too; neither names the files
+        raise OSError(f"cannot load TLS certificate {cert} with key {key}: {_reason(exc)}") from exc
     return context
 
 
 def upstream_context(ca: str | Path | None = None, *, verify: bool = True) -> ssl.SSLContext:
     """Client-side context for connections to brokers."""
-    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca) if ca else None)
+    try:
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca) if ca else None)
+    except OSError as exc:
+        raise OSError(f"cannot load CA bundle {ca}: {_reason(exc)}") from exc
     if not verify:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
     return context
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or getattr(exc, "reason", None) or str(exc)

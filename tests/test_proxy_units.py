@@ -510,11 +510,13 @@ def test_metadata_rewritten_and_broker_listener_serves(fake: FakeBroker, tmp_pat
 
 
 @BOTH_IO_PATHS
-def test_unknown_api_and_garbage_pass_through_unchanged(io: str) -> None:
+def test_unknown_api_and_garbage_pass_through_unchanged(io: str, tmp_path: Path) -> None:
     echo = FakeBroker(raw=True)
     try:
-        with ProxyThread(proxy_config(echo.port, io=io)) as running:
-            unknown = struct.pack(">ihhi", 10, 999, 3, 1) + b"\x00\x02hi"
+        with ProxyThread(proxy_config(echo.port, tmp_path, io=io)) as running:
+            unknown = (
+                struct.pack(">ihhi", 12, 999, 3, 1) + b"\x00\x02hi"
+            )  # a well-framed request of an unknown api
             garbage = struct.pack(">i", -7) + bytes(range(256)) * 4
             for payload in (unknown * 3, unknown + garbage):
                 with socket.create_connection(("127.0.0.1", running.proxy.listen_port)) as s:
@@ -529,6 +531,11 @@ def test_unknown_api_and_garbage_pass_through_unchanged(io: str) -> None:
                 assert bytes(got) == payload
     finally:
         echo.close()
+    # the stream with garbage went blind: recorded as not Kafka; its frames are kept all the same
+    connections = ds.dataset(tmp_path / "connections", partitioning="hive").to_table().to_pylist()
+    assert sorted(c["protocol"] for c in connections) == ["kafka", "other"]
+    statuses = ds.dataset(tmp_path / "exchanges", partitioning="hive").to_table()["status"].to_pylist()
+    assert statuses.count("unknown_api") >= 4
 
 
 @BOTH_IO_PATHS
@@ -593,6 +600,11 @@ def test_io_mode_follows_tls_and_rules(tmp_path: Path) -> None:
         (["--listen", "127.0.0.1:99999"], "the port must be a number from 0 to 65535"),
         (["--bootstrap", "broker:notaport"], "the port must be a number from 0 to 65535"),
         (["--metrics-port", "70000"], "the port must be a number from 0 to 65535"),
+        (
+            ["--tls-cert", "/nonexistent/c.pem", "--tls-key", "/nonexistent/k.pem"],
+            "cannot load TLS certificate /nonexistent/c.pem with key /nonexistent/k.pem",
+        ),
+        (["--upstream-ca", "/nonexistent/ca.pem"], "cannot load CA bundle /nonexistent/ca.pem"),
     ],
 )
 def test_proxy_usage_errors_are_one_line_and_exit_2(args: list[str], message: str) -> None:
@@ -602,3 +614,20 @@ def test_proxy_usage_errors_are_one_line_and_exit_2(args: list[str], message: st
     assert result.exit_code == 2
     [line] = result.stderr.splitlines()
     assert line.startswith("kwire proxy: ") and message in line
+
+
+@pytest.mark.parametrize("io", ["threads", "asyncio"])
+@pytest.mark.parametrize("taken", ["--listen", "--metrics-port"])
+def test_an_address_in_use_is_named_in_one_line(io: str, taken: str) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        value = f"127.0.0.1:{port}" if taken == "--listen" else str(port)
+        result = CliRunner().invoke(
+            app, ["proxy", "--bootstrap", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--io", io, taken, value]
+        )
+    assert result.exit_code == 2
+    [line] = result.stderr.splitlines()
+    what = "listen on" if taken == "--listen" else "serve metrics on"
+    assert line.startswith(f"kwire proxy: cannot {what} 127.0.0.1:{port}: "), line
