@@ -2,17 +2,23 @@
 
 Usage::
 
+    python -m decoder.generate_protocol          # the two default sources below
     python -m decoder.generate_protocol \\
         --messages ../shared/kafka-protocol/messages \\
-        --messages .venv/lib/python3.11/site-packages/kafka/protocol/schemas/resources \\
+        --messages .cache/m2/org/apache/kafka/kafka-clients/4.4.0/kafka-clients-4.4.0.jar \\
         --errors ../shared/kafka-protocol/error_codes.tsv \\
         -o decoder/kafka_protocol.json
 
-Each ``--messages`` folder holds ``*Request.json`` / ``*Response.json`` files in Kafka's own
-format (``//`` comments allowed). Folders are merged per (api key, direction, version): a
-version defined in only one folder is taken from there; where several define it, the folder
-given last wins (give the newest definitions last). Nothing but this script's output is
-committed; the definition files stay where they are.
+Each ``--messages`` source is a folder of ``*Request.json`` / ``*Response.json`` files in
+Kafka's own format (``//`` comments allowed) or a kafka-clients jar, whose
+``common/message/*.json`` are read from the zip. Sources are merged per (api key, direction,
+version): a version defined in only one source is taken from there; where several define it,
+the source given last wins (give the newest definitions last). Without ``--messages`` the
+sources are Kafka's October-2024 definitions in ``shared/`` (they still hold the versions and
+inter-broker APIs Kafka 4.0 removed: Produce v0-2, LeaderAndIsr, ...) and then the
+kafka-clients jar pinned in ``decoder.fetch_definitions`` (every API Kafka 4.x speaks, client,
+broker, controller and KRaft alike), fetched into ``.cache/m2`` with Maven if absent. Nothing
+but this script's output is committed; the definition files stay where they are.
 
 The table resolves every version on its own: for (api key, direction, version) it lists
 exactly the fields on the wire, each with its type, nullability, tag (if tagged in that
@@ -29,8 +35,12 @@ import csv
 import json
 import re
 import sys
+import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from decoder.fetch_definitions import FetchError, fetch_kafka_clients, kafka_clients_jar
 
 TABLE_FORMAT = 1
 
@@ -141,6 +151,27 @@ def load_definition(path: Path) -> dict[str, Any]:
     return json.loads(_strip_comments(path.read_text(encoding="utf-8")))
 
 
+JAR_MESSAGES = "common/message/"
+
+
+def load_definitions(source: Path) -> Iterator[dict[str, Any]]:
+    """Every definition in a folder (``*.json``) or a jar (``common/message/*.json``), by file name."""
+    if source.is_dir():
+        for path in sorted(source.glob("*.json")):
+            yield load_definition(path)
+        return
+    with zipfile.ZipFile(source) as jar:
+        names = sorted(
+            n
+            for n in jar.namelist()
+            if n.startswith(JAR_MESSAGES) and n.endswith(".json") and n.count("/") == 2
+        )
+        if not names:
+            raise ValueError(f"{source}: no {JAR_MESSAGES}*.json inside")
+        for name in names:
+            yield json.loads(_strip_comments(jar.read(name).decode("utf-8")))
+
+
 class VersionRange:
     """A Kafka version spec: ``"0+"``, ``"3-5"``, ``"7"`` or ``"none"``."""
 
@@ -215,7 +246,9 @@ class _Compiler:
                 flags |= 1
             if "flexibleVersions" in field and version not in VersionRange(field["flexibleVersions"]):
                 flags |= 2  # classic (non-compact) encoding even in a flexible version
-            tag = field.get("tag") if version in VersionRange(field.get("taggedVersions")) else None
+            tag = None
+            if version in VersionRange(field.get("taggedVersions")):
+                tag = int(field["tag"])  # some definitions spell it as a string ("0")
             children: list[list[Any]] | None = None
             element = ftype.removeprefix("[]")
             if element not in PRIMITIVES:
@@ -225,16 +258,15 @@ class _Compiler:
         return out
 
 
-def compile_folder(folder: Path) -> tuple[dict[tuple[int, str], dict[int, dict[str, Any]]], dict[str, Any]]:
-    """Compile every message definition in ``folder``.
+def compile_source(source: Path) -> tuple[dict[tuple[int, str], dict[int, dict[str, Any]]], dict[str, Any]]:
+    """Compile every message definition in ``source`` (a folder or a jar).
 
     Returns ``{(api_key, "request"|"response"): {version: {"name", "flexible", "layout"}}}``
     and the header layouts found (``{"request"|"response": {version: layout}}``).
     """
     apis: dict[tuple[int, str], dict[int, dict[str, Any]]] = {}
     headers: dict[str, dict[int, list[list[Any]]]] = {}
-    for path in sorted(folder.glob("*.json")):
-        definition = load_definition(path)
+    for definition in load_definitions(source):
         kind = definition.get("type")
         if kind == "header":
             direction = "request" if definition["name"] == "RequestHeader" else "response"
@@ -270,12 +302,12 @@ def load_error_codes(path: Path) -> dict[str, list[Any]]:
     return out
 
 
-def build_table(message_folders: list[Path], error_codes: Path) -> dict[str, Any]:
-    """Merge the folders (later wins per version) and return the protocol table."""
+def build_table(message_sources: list[Path], error_codes: Path) -> dict[str, Any]:
+    """Merge the sources (folders or jars, later wins per version) and return the protocol table."""
     merged: dict[tuple[int, str], dict[int, dict[str, Any]]] = {}
     headers: dict[str, dict[int, list[list[Any]]]] = {}
-    for folder in message_folders:
-        apis, folder_headers = compile_folder(folder)
+    for source in message_sources:
+        apis, folder_headers = compile_source(source)
         for direction, versions in folder_headers.items():
             headers.setdefault(direction, {}).update(versions)
         for key, versions in apis.items():
@@ -295,7 +327,10 @@ def build_table(message_folders: list[Path], error_codes: Path) -> dict[str, Any
 
     apis_out: dict[str, dict[str, Any]] = {}
     for (api_key, direction), versions in sorted(merged.items()):
-        entry = apis_out.setdefault(str(api_key), {"name": next(iter(versions.values()))["name"]})
+        if not versions:
+            continue  # "validVersions": "none" (an API Kafka removed) and no older source for it
+        # the newest version's name: Kafka renames APIs (ListClientMetricsResources -> ListConfigResources)
+        entry = apis_out.setdefault(str(api_key), {"name": versions[max(versions)]["name"]})
         entry[direction] = {
             str(v): [int(info["flexible"]), intern(info["layout"])] for v, info in sorted(versions.items())
         }
@@ -338,17 +373,20 @@ def render(table: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def default_message_folders() -> list[Path]:
-    """The definition folders this project is generated from, where they are at hand."""
-    repo = Path(__file__).resolve().parent.parent
-    folders = [repo.parent / "shared" / "kafka-protocol" / "messages"]
-    try:
-        import kafka  # kafka-python 3.x ships Kafka 4.3's client-facing definitions
+SHARED_PROTOCOL = Path(__file__).resolve().parent.parent.parent / "shared" / "kafka-protocol"
 
-        folders.append(Path(kafka.__file__).parent / "protocol" / "schemas" / "resources")
-    except ImportError:
-        pass
-    return folders
+
+def default_message_sources() -> list[Path]:
+    """The sources the committed table is generated from, oldest first (present or not).
+
+    Kafka's October-2024 definitions (for what Kafka 4.0 removed), then the pinned
+    kafka-clients jar in the project's Maven cache (``decoder.fetch_definitions``).
+    """
+    return [SHARED_PROTOCOL / "messages", kafka_clients_jar()]
+
+
+def _usable(source: Path) -> bool:
+    return source.is_dir() or (source.is_file() and zipfile.is_zipfile(source))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -357,23 +395,32 @@ def main(argv: list[str] | None = None) -> int:
         "--messages",
         action="append",
         type=Path,
-        help="folder of Kafka JSON message definitions (repeatable; later wins)",
+        help="folder of Kafka JSON message definitions, or a kafka-clients jar (repeatable; later wins)",
     )
     parser.add_argument("--errors", type=Path, help="error_codes.tsv")
     parser.add_argument("-o", "--output", type=Path, default=Path(__file__).with_name("kafka_protocol.json"))
     args = parser.parse_args(argv)
-    folders = args.messages or default_message_folders()
-    errors = (
-        args.errors or Path(__file__).resolve().parent.parent.parent / "shared/kafka-protocol/error_codes.tsv"
-    )
-    for folder in folders:
-        if not folder.is_dir():
-            print(f"error: no such definitions folder: {folder}", file=sys.stderr)
+    sources = args.messages
+    if not sources:
+        try:
+            fetch_kafka_clients()
+        except FetchError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        sources = default_message_sources()
+    errors = args.errors or SHARED_PROTOCOL / "error_codes.tsv"
+    for source in sources:
+        if not _usable(source):
+            print(f"error: not a definitions folder or jar: {source}", file=sys.stderr)
             return 2
     if not errors.is_file():
         print(f"error: no such error code table: {errors}", file=sys.stderr)
         return 2
-    table = build_table(folders, errors)
+    try:
+        table = build_table(sources, errors)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     args.output.write_text(render(table), encoding="utf-8")
     n_versions = sum(len(d) for api in table["apis"].values() for k, d in api.items() if k != "name")
     print(

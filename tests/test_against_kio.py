@@ -6,6 +6,10 @@ header version kio's generator chose), kwire decodes the bytes, and every field 
 a role in kwire's table must come back with exactly the value kio wrote. The role rules are
 shared (they say *which* fields to compare); the layouts, the encoding and the header
 choice come from two separate code bases generated from Kafka's definitions.
+
+Every message kio defines must be in kwire's table; the only skips allowed are versions newer
+than the kafka-clients jar the table is generated from, and the differences listed in
+KNOWN_DIFFERENCES with their reasons. Both are counted in the run's closing figures.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from kio.static.primitive import Records  # noqa: E402
 from decoder import protocol  # noqa: E402
 from decoder.connection import KafkaConnection  # noqa: E402
 from decoder.events import ResponseReceived  # noqa: E402
+from decoder.fetch_definitions import KAFKA_CLIENTS_VERSION  # noqa: E402
 from decoder.generate_protocol import NEVER_KEPT, ROLE_BY_ENTITY_TYPE, ROLE_BY_NAME_AND_TYPE  # noqa: E402
 
 _ENTITY_TYPE_NAMES = {"TopicName": "topicName", "GroupId": "groupId", "TransactionalId": "transactionalId"}
@@ -263,6 +268,13 @@ def _expected_records(data: bytes | None) -> tuple[int, int, int] | None:
 TRIPLES = _kio_triples()
 COMPARED: set[tuple[str, int, str]] = set()
 
+# kio triples whose layout may differ from kwire's, each with the reason: an unstable API that
+# Kafka revised without a version bump, where kio and the table were generated from different
+# revisions. None since the table comes from kafka-clients 4.4.0 (kio 0.6.5: 604 triples, all
+# compared); before, broker_heartbeat-v1-request (a tag spelt "0" in the 2024 definitions) and
+# read_share_group_state_summary-v0-response (LeaderEpoch added after 2024) were skipped here.
+KNOWN_DIFFERENCES: dict[str, str] = {}
+
 
 def _api_key(path: str) -> int:
     return int(_load(path).__api_key__)
@@ -305,18 +317,23 @@ def test_decodes_what_kio_encodes(name: str, version: int, direction: str, path:
     decoder = (protocol.request_decoder if direction == "request" else protocol.response_decoder)(
         api_key, version
     )
+    triple = f"{name}-v{version}-{direction}"
     if decoder is None:
-        pytest.skip(f"kwire has no definition for {name} v{version} {direction}")
+        newest = protocol.version_range(api_key)
+        # only a kio newer than the jar the table comes from may know more; a gap below is a defect
+        assert newest is None or version > newest[1], f"kwire's table lacks {triple}"
+        coverage_report.record(
+            f"kio triples skipped: newer than kafka-clients {KAFKA_CLIENTS_VERSION}", triple
+        )
+        pytest.skip(
+            f"{triple}: newer than kafka-clients {KAFKA_CLIENTS_VERSION}; regenerate the table from a newer jar"
+        )
     entry = protocol._VERSIONS[direction][(api_key, version)]
     ours, theirs = kwire_signature(protocol._LAYOUTS[entry[1]]), kio_signature(cls)
     if ours != theirs:
-        coverage_report.record(
-            "kio triples skipped: definitions differ (unstable api revised)", f"{name}-v{version}-{direction}"
-        )
-        pytest.skip(
-            f"{name} v{version} {direction}: kio's definition differs from Kafka's "
-            "(an unstable API revised without a version bump)"
-        )
+        assert triple in KNOWN_DIFFERENCES, f"{triple}: kwire's layout differs from kio's"
+        coverage_report.record("kio triples skipped: definitions differ", triple)
+        pytest.skip(f"{triple}: {KNOWN_DIFFERENCES[triple]}")
     header_version = int(cls.__header_schema__.__module__.split(".")[-2].lstrip("v"))
     mine = (protocol.request_header_version if direction == "request" else protocol.response_header_version)(
         api_key, version
