@@ -1,0 +1,3 @@
+module kwire.lab/drivers/labdriver
+
+go 1.21
