@@ -1,0 +1,1 @@
+"""Incident lab: real Kafka brokers and real clients on loopback."""
