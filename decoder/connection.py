@@ -23,6 +23,13 @@ the end of the data so far. A candidate whose frame is still incomplete is remem
 later offsets are tried; a frame longer than ``HUNT_WAIT`` bytes is trusted on its header once
 that many bytes of it are in, so a hunting direction holds at most a few times ``HUNT_WAIT``
 bytes. Hunting never emits a frame it has not checked, so garbage is never decoded.
+
+SASL tokens sent outside Kafka framing (``decoder.sasl``: after SaslHandshake v0, or a Kafka 0.9
+GSSAPI client's first frame, ``0x60``, on a connection whose start was seen) are credentials: such
+a frame is cut by its length and counted, never read. A direction in that state takes any length
+from 0 up (an empty token is common), never decodes, never hunts inside a token, and the exchange
+ends in one ``SaslExchange`` event with counts only. A gap inside it ends it for that direction:
+the hunt that follows accepts only frames that check out as Kafka.
 """
 
 from __future__ import annotations
@@ -47,14 +54,16 @@ from decoder.events import (
     Response,
     ResponseReceived,
     Resync,
+    SaslExchange,
     Unanswered,
 )
 from decoder.fastclass import fast_constructor
 from decoder.primitives import Malformed, skip_tagged_fields
 from decoder.receivebuffer import ReceiveBuffer
+from decoder.sasl import GSSAPI_TOKEN_TAG, HANDSHAKE, RawExchange, starts_raw_exchange
 from decoder.skeleton import has_records, skeleton
 
-__all__ = ["DEFAULT_FRAME_LIMIT", "HUNT_WAIT", "KafkaConnection", "looks_like_request"]
+__all__ = ["DEFAULT_FRAME_LIMIT", "HUNT_WAIT", "KafkaConnection", "decodes_as_request", "looks_like_request"]
 
 DEFAULT_FRAME_LIMIT = 100 << 20
 DEFAULT_MAX_PENDING = 100_000
@@ -162,6 +171,15 @@ def _request_decodes(buf: Any, pos: int, end: int) -> int:
     return _TRAILING if stop < end and client_id and (end - stop) * 4 <= end - pos else _NO
 
 
+def decodes_as_request(buf: Any, pos: int, end: int) -> bool:
+    """True if ``buf[pos:end]`` is a whole request frame whose body decodes (known api and
+    version, the body fills the frame, or nearly so from a client that names itself)."""
+    try:
+        return _request_decodes(buf, pos, end) != _NO
+    except _DECODE_ERRORS:
+        return False
+
+
 class _Direction:
     """Framing state of one direction."""
 
@@ -174,13 +192,19 @@ class _Direction:
         "hunt_skipped",
         "hunt_waiting",
         "hunting",
+        "kafka_minimum",
+        "minimum",
+        "raw",
         "rx",
         "skip",
         "total_bytes",
     )
 
-    def __init__(self, synced: bool) -> None:
+    def __init__(self, synced: bool, minimum: int) -> None:
         self.rx = ReceiveBuffer()
+        # Smallest plausible frame length: a Kafka header's, or 0 while frames are SASL tokens (``raw``).
+        self.kafka_minimum = self.minimum = minimum
+        self.raw = False
         self.hunting = not synced
         self.hunt_reason = "" if synced else "stream entered mid-way"
         self.hunt_skipped = 0
@@ -213,7 +237,7 @@ class KafkaConnection:
     ) -> None:
         self.frame_limit = frame_limit
         self.max_pending = max_pending
-        self._dirs = (_Direction(synced), _Direction(synced))
+        self._dirs = (_Direction(synced, _MIN_REQUEST), _Direction(synced, _MIN_RESPONSE))
         self._pending: OrderedDict[int, tuple[int, Request]] = OrderedDict()
         self._seq = 0
         self._gap_covers_seq = 0
@@ -223,6 +247,11 @@ class KafkaConnection:
         self.resyncs = 0
         self.closed = False
         self._closing = False  # receive_close is deciding what the last bytes were
+        self._sasl: RawExchange | None = None  # an unframed SASL token exchange under way
+        self._sasl_end = "complete"  # how it ended, when not by its own course
+        self._fresh = synced  # no client frame yet on a connection whose start was seen
+        # client frames need a look before decoding: fresh, or inside a SASL exchange
+        self._watch_client = synced
 
     # ---- input -------------------------------------------------------------------------
 
@@ -302,6 +331,8 @@ class KafkaConnection:
             elif state.hunting and rx.available():
                 state.hunt_skipped += rx.available()
             rx.clear()
+        if self._sasl is not None:
+            self._end_sasl("closed" if self._sasl_end == "complete" else self._sasl_end)
         self._expire_pending(reason, ts_ns)
         self.closed = True
 
@@ -334,6 +365,15 @@ class KafkaConnection:
     # ---- framing -----------------------------------------------------------------------
 
     def _start_hunting(self, state: _Direction, reason: str) -> None:
+        if state.raw:  # alignment lost inside a SASL exchange: this side of it is over
+            sasl = self._sasl
+            assert sasl is not None
+            if state is self._dirs[CLIENT_TO_BROKER]:
+                sasl.client_ended()
+            else:
+                sasl.server_ended()
+            self._sasl_end = "gap"
+            self._sasl_sync()
         if not state.hunting:
             state.hunting = True
             state.hunt_reason = reason
@@ -363,14 +403,11 @@ class KafkaConnection:
         n = len(data)
         start = p
         limit = self.frame_limit
-        if direction == CLIENT_TO_BROKER:
-            minimum, decode = _MIN_REQUEST, self._request_frame
-        else:
-            minimum, decode = _MIN_RESPONSE, self._response_frame
+        decode = self._request_frame if direction == CLIENT_TO_BROKER else self._response_frame
         size = 0
         while n - p >= 4:
             size = _I32(data, p)[0]
-            if size < minimum or size > limit:
+            if size < state.minimum or size > limit:  # (a decoded frame may change the minimum)
                 rx.base += p - start
                 rx.append(memoryview(data)[p:], ts_ns)
                 self._drain_and_park(direction, state, ts_ns)
@@ -401,8 +438,7 @@ class KafkaConnection:
                     return p
             parts = rx.parts
             size = _I32(parts[0] if len(parts[0]) >= 4 else b"".join(parts), 0)[0]
-            minimum = _MIN_REQUEST if direction == CLIENT_TO_BROKER else _MIN_RESPONSE
-            if size < minimum or size > self.frame_limit:
+            if size < state.minimum or size > self.frame_limit:
                 rx.spill()
                 if p < n:
                     rx.append(memoryview(data)[p:], ts_ns)
@@ -419,6 +455,7 @@ class KafkaConnection:
             if (
                 len(rx.parts) > 1
                 and rx.held >= _SKELETON_MIN
+                and not state.raw
                 and self._skeleton_frame(direction, rx.parts, start_ns, ts_ns)
             ):
                 rx.drop_frame()
@@ -448,6 +485,9 @@ class KafkaConnection:
         size = sum(len(part) for part in parts)
         try:
             if direction == CLIENT_TO_BROKER:
+                if self._fresh:  # (a first frame starting 0x60 has no records: never here)
+                    self._fresh = False
+                    self._watch_client = self._sasl is not None
                 direction_name = "request"
                 _size, api_key, api_version, _corr = _REQUEST_HEAD(head, 0)
                 header_version = protocol.request_header_version(api_key, api_version)
@@ -499,7 +539,6 @@ class KafkaConnection:
         rx = state.rx
         buf = rx.buf
         limit = self.frame_limit
-        minimum = _MIN_REQUEST if direction == CLIENT_TO_BROKER else _MIN_RESPONSE
         pos = rx.pos
         while len(buf) - pos >= 4:
             if state.hunting:
@@ -510,18 +549,20 @@ class KafkaConnection:
                 pos = rx.pos
                 continue
             size = _I32(buf, pos)[0]
-            if size < minimum or size > limit:
+            if size < state.minimum or size > limit:
+                # inside a SASL exchange the number may be token bytes: not told
+                why = "implausible SASL token length" if state.raw else f"implausible frame length {size}"
                 self._events.append(
                     MalformedFrame(  # size 4: only the length prefix surely belongs to it
                         direction,
                         4,
                         rx.time_at(pos),
                         ts_ns,
-                        f"implausible frame length {size}",
+                        why,
                     )
                 )
                 rx.pos = pos + 4
-                self._start_hunting(state, f"implausible frame length {size}")
+                self._start_hunting(state, why)
                 state.hunt_skipped = 4
                 pos += 4
                 continue
@@ -726,6 +767,8 @@ class KafkaConnection:
     ) -> None:
         """Decode the request frame ``buf[pos:end]`` and note it. ``tail``: the bytes that follow
         it when ``buf`` ends with the frame (a malformed body is decoded again with them)."""
+        if self._watch_client and self._sasl_client_frame(buf, pos, end, start_ns, end_ns):
+            return
         request = self._parse_request(buf, pos, end, start_ns, end_ns)
         if tail is not None and request.status == "malformed":
             request = self._parse_request(bytes(buf[pos:end]) + tail, 0, end - pos, start_ns, end_ns)
@@ -773,6 +816,9 @@ class KafkaConnection:
         return request
 
     def _add_request(self, request: Request, ts_ns: int) -> None:
+        # (the key first: this runs for every request)
+        if request.api_key == HANDSHAKE and starts_raw_exchange(request.api_key, request.api_version):
+            self._start_sasl(request)
         received = _RequestReceived(request)
         received.__class__ = RequestReceived
         self._events.append(received)
@@ -797,6 +843,8 @@ class KafkaConnection:
     ) -> None:
         """Decode the response frame ``buf[pos:end]`` and match it (``tail`` as for requests;
         ``decoded``: the response, already decoded as the answer to the request it matches)."""
+        if self._dirs[BROKER_TO_CLIENT].raw and self._sasl_server_frame(buf, pos, end, end_ns):
+            return
         corr = _I32(buf, pos + 4)[0]
         entry = self._pending.pop(corr, None)
         if entry is None:
@@ -816,6 +864,8 @@ class KafkaConnection:
         received = _ResponseReceived(request, response)
         received.__class__ = ResponseReceived
         self._events.append(received)
+        if request.api_key == HANDSHAKE and self._sasl is not None:
+            self._sasl_answered(request, response)
 
     def _decode_response(
         self, request: Request, buf: Any, pos: int, end: int, start_ns: int, end_ns: int, tail: Any = None
@@ -874,6 +924,20 @@ class KafkaConnection:
         buf, pos, have = rx.buf, rx.pos, rx.available()
         start_ns = rx.time_at(pos)
         state.frames += 1
+        if self._fresh and direction == CLIENT_TO_BROKER:
+            self._fresh = False
+            self._watch_client = self._sasl is not None
+            if have > 4 and buf[pos + 4] == GSSAPI_TOKEN_TAG:
+                self._start_sasl(None, start_ns)
+        if state.raw:  # part of a SASL token: counted, never read
+            sasl = self._sasl
+            assert sasl is not None
+            if direction == CLIENT_TO_BROKER:
+                sasl.client_token(total, ts_ns)
+            else:
+                sasl.server_token(total, ts_ns)
+            self._sasl_sync()
+            return
         missing = f"{total - have} of {total} bytes missing"
         if direction == CLIENT_TO_BROKER and have >= 12:
             _size, api_key, api_version, corr = _REQUEST_HEAD(buf, pos)
@@ -907,10 +971,111 @@ class KafkaConnection:
             else:
                 self._expire_older(entry[0], ts_ns)
                 self._events.append(ResponseReceived(entry[1], response))
+                if entry[1].api_key == HANDSHAKE and self._sasl is not None:
+                    self._sasl_answered(entry[1], response)
         else:
             self._events.append(
                 MalformedFrame(direction, total, start_ns, ts_ns, f"truncated after {have} of {total} bytes")
             )
+
+    # ---- SASL tokens outside Kafka framing (decoder.sasl) -----------------------------------
+
+    def _start_sasl(self, handshake: Request | None, start_ns: int = 0) -> None:
+        """A SaslHandshake v0 request (tokens follow it), or None: a first frame that is a token."""
+        if self._sasl is not None:
+            self._end_sasl(self._sasl_end)
+        self._fresh = False
+        if handshake is None:
+            self._sasl = RawExchange("GSSAPI", False, start_ns)
+        else:
+            fields = handshake.fields
+            mechanism = fields.get("sasl_mechanism") if fields else None
+            self._sasl = RawExchange(mechanism if type(mechanism) is str else None, True, handshake.end_ns)
+        self._sasl_end = "complete"
+        self._sasl_sync()
+
+    def _sasl_sync(self) -> None:
+        """Each direction reads tokens or Kafka frames as the exchange says; report it once over."""
+        sasl = self._sasl
+        client, server = self._dirs
+        self._watch_client = self._fresh or sasl is not None
+        client.raw = sasl is not None and sasl.client_open
+        server.raw = sasl is not None and sasl.server_open
+        client.minimum = 0 if client.raw else client.kafka_minimum
+        server.minimum = 0 if server.raw else server.kafka_minimum
+        if sasl is not None and sasl.done:
+            self._end_sasl(self._sasl_end)
+
+    def _end_sasl(self, ended: str) -> None:
+        sasl = self._sasl
+        assert sasl is not None
+        self._sasl = None
+        self._sasl_sync()
+        if sasl.client_frames or sasl.server_frames:
+            self._events.append(
+                SaslExchange(
+                    sasl.mechanism,
+                    sasl.handshake,
+                    sasl.client_frames,
+                    sasl.client_bytes,
+                    sasl.server_frames,
+                    sasl.server_bytes,
+                    sasl.start_ns,
+                    sasl.end_ns,
+                    ended,
+                )
+            )
+
+    def _sasl_client_frame(self, buf: Any, pos: int, end: int, start_ns: int, end_ns: int) -> bool:
+        """True if the client frame ``buf[pos:end]`` is a SASL token (counted, not read)."""
+        sasl = self._sasl
+        if sasl is None:  # the connection's first client frame: a Kafka 0.9 GSSAPI token?
+            self._fresh = self._watch_client = False
+            if end - pos <= 4 or buf[pos + 4] != GSSAPI_TOKEN_TAG:
+                return False
+            self._start_sasl(None, start_ns)
+            sasl = self._sasl
+            assert sasl is not None
+        elif not sasl.client_open:
+            return False
+        elif (
+            not sasl.fixed
+            and looks_like_request(buf, pos, end, self.frame_limit)
+            and decodes_as_request(buf, pos, end)
+        ):  # plainly a Kafka request: the tokens are over
+            sasl.client_ended()
+            self._sasl_sync()
+            return False
+        sasl.client_token(end - pos, end_ns)
+        self._sasl_sync()
+        return True
+
+    def _sasl_server_frame(self, buf: Any, pos: int, end: int, end_ns: int) -> bool:
+        """True if the broker frame ``buf[pos:end]`` is a SASL token (counted, not read)."""
+        sasl = self._sasl
+        assert sasl is not None
+        if not sasl.fixed and not sasl.client_open and end - pos >= 8:
+            corr = _I32(buf, pos + 4)[0]
+            if corr in self._pending or corr in self._acks0:  # the answer to a request after the tokens
+                sasl.server_ended()
+                self._sasl_sync()
+                return False
+        sasl.server_token(end - pos, end_ns)
+        self._sasl_sync()
+        return True
+
+    def _sasl_answered(self, request: Request, response: Response) -> None:
+        """A SaslHandshake answer: with v0 and no error, the broker's tokens follow."""
+        sasl = self._sasl
+        if sasl is None or not sasl.handshake or request.api_version != 0:
+            return
+        fields = response.fields
+        # an answer lost to a gap or undecodable: assume it let the tokens through
+        ok = not fields or not fields.get("error_code")
+        if not ok and sasl.client_frames:
+            self._sasl_end = "rejected"
+        sasl.handshake_answered(ok)
+        self._sasl_sync()
 
     # ---- pending requests --------------------------------------------------------------
 

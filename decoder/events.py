@@ -4,7 +4,8 @@ Frames become ``Request`` and ``Response`` values; events say what happened to t
 Every request ends in exactly one of ``ResponseReceived``, ``NoResponseExpected`` or
 ``Unanswered``; every response frame ends in ``ResponseReceived`` or ``OrphanResponse``;
 a frame too broken to attribute ends in ``MalformedFrame``. So one terminal event is one
-exchange row.
+exchange row. ``SaslExchange`` (SASL tokens sent outside Kafka framing, see ``decoder.sasl``) and
+``Resync`` are informational: no row, and no byte of a token in them.
 
 ``Request.status`` / ``Response.status`` say how far decoding got:
 
@@ -32,6 +33,7 @@ __all__ = [
     "Response",
     "ResponseReceived",
     "Resync",
+    "SaslExchange",
     "Unanswered",
 ]
 
@@ -162,6 +164,29 @@ class Resync:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class SaslExchange:
+    """SASL tokens that crossed the connection outside Kafka framing, skipped (informational).
+
+    KIP-43's unframed exchange after SaslHandshake v0 (``handshake`` True), or a Kafka 0.9
+    GSSAPI client's tokens sent with no handshake. The tokens are credentials: only their count
+    and size are told. ``mechanism`` is the one the handshake asked for (``GSSAPI`` without one).
+    ``ended``: ``complete`` (the mechanism's tokens were all seen, or Kafka requests followed),
+    ``closed`` (the connection, or the capture, ended first), ``gap`` (bytes were lost), or
+    ``rejected`` (the broker refused the mechanism after the client had sent tokens already).
+    """
+
+    mechanism: str | None
+    handshake: bool
+    client_frames: int
+    client_bytes: int  # length prefixes included
+    server_frames: int
+    server_bytes: int
+    start_ns: int
+    end_ns: int
+    ended: str
+
+
 Event = (
     RequestReceived
     | ResponseReceived
@@ -170,4 +195,5 @@ Event = (
     | Unanswered
     | MalformedFrame
     | Resync
+    | SaslExchange
 )

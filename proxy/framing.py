@@ -2,7 +2,8 @@
 
 The proxy forwards bytes as they come and only needs, per request frame, the api key,
 version and correlation id (to know what each response answers), the client id (metrics and
-fault rules) and, for Produce, acks (acks=0 gets no response). ``parse_request_head`` reads
+fault rules), for Produce, acks (acks=0 gets no response), and for SaslHandshake, the mechanism
+(how many unframed tokens follow a v0 handshake, ``decoder.sasl``). ``parse_request_head`` reads
 those from the first bytes of a frame without copying, and says when it needs more bytes.
 """
 
@@ -24,6 +25,7 @@ HEAD_LIMIT = 1024
 _HEAD = struct.Struct(">ihhi").unpack_from
 _I16 = struct.Struct(">h").unpack_from
 _PRODUCE = 0
+_SASL_HANDSHAKE = 17
 
 
 class _Short(Exception):
@@ -38,6 +40,7 @@ class RequestHead:
     correlation_id: int
     client_id: str | None
     acks: int | None  # Produce only; None when not read
+    mechanism: str | None = None  # SaslHandshake only; None when not read
 
     @property
     def expects_response(self) -> bool:
@@ -106,6 +109,14 @@ def parse_request_head(buf: Any, pos: int, end: int) -> RequestHead | None:
             if at + 2 > stop:
                 raise _Short
             head.acks = _I16(buf, at)[0]
+        elif api_key == _SASL_HANDSHAKE and body_decoder is not None:  # v0-v1: a plain string
+            if at + 2 > stop:
+                raise _Short
+            n = _I16(buf, at)[0]
+            at += 2
+            if at + max(n, 0) > stop:
+                raise _Short
+            head.mechanism = str(buf[at : at + n], "utf-8", "replace") if n >= 0 else None
     except (_Short, ValueError):
         if not complete:
             return None

@@ -5,6 +5,12 @@ counters, so every update goes through ``add``, ``bump`` or ``observe_response``
 ``Metrics.lock`` for the few instructions they take (uncontended, about 0.1 us); ``render``
 holds it while it reads, so a scrape never sees a dict change under it. Rendering happens
 when Prometheus scrapes. Served by asyncio directly, any path answers.
+
+Label values that come from the wire are only ever values the protocol table knows: an api
+key, version or error code it has no definition for is counted under ``other``, and so is the
+client id of such a request (its header cannot be trusted to be one) or a client id that is not
+printable text. Random bytes can therefore not mint label values, and SASL tokens, never read by
+the proxy (``proxy.session``), cannot either. (How many client ids are shown is another matter.)
 """
 
 from __future__ import annotations
@@ -17,14 +23,33 @@ from typing import Any
 
 from decoder import protocol
 
-__all__ = ["LATENCY_BUCKETS", "Metrics", "serve_metrics"]
+__all__ = ["LATENCY_BUCKETS", "OTHER", "Metrics", "serve_metrics"]
 
 #: Histogram buckets for request latency, seconds.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
+#: The label value standing for every value the protocol table does not know.
+OTHER = "other"
+
+
+def _api(api_key: int | str) -> int | str:
+    """``api_key`` if the table names it, else ``OTHER``."""
+    return api_key if type(api_key) is int and protocol.api_name(api_key) is not None else OTHER
+
+
+def _order(value: int | str) -> tuple[int, int | str]:
+    """Sort key for labels that are numbers or ``OTHER`` (numbers first)."""
+    return (0, value) if type(value) is int else (1, value)
+
+
 def _esc(value: Any) -> str:
     return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _api_label(api_key: int | str) -> str:
+    """The ``api`` label: the table's name for the key, or ``OTHER``."""
+    return (protocol.api_name(api_key) if type(api_key) is int else None) or OTHER
 
 
 def _labels(**labels: Any) -> str:
@@ -37,10 +62,11 @@ class Metrics:
     """Every number ``/metrics`` shows."""
 
     def __init__(self) -> None:
-        self.requests: Counter[tuple[int, int, str]] = Counter()  # (api key, version, client id)
-        self.errors: Counter[tuple[int, int]] = Counter()  # (api key, error code) from recorded rows
-        self.latency: dict[int, list[int]] = {}  # api key -> bucket counts (+Inf last)
-        self.latency_sum: Counter[int] = Counter()
+        # labels: known values or OTHER (see the module's docstring)
+        self.requests: Counter[tuple[int | str, int | str, str]] = Counter()  # (api key, version, client id)
+        self.errors: Counter[tuple[int | str, int | str]] = Counter()  # (api key, error code) from rows
+        self.latency: dict[int | str, list[int]] = {}  # api key -> bucket counts (+Inf last)
+        self.latency_sum: Counter[int | str] = Counter()
         self.bytes_to_broker = 0
         self.bytes_to_client = 0
         self.connections_open = 0
@@ -67,8 +93,26 @@ class Metrics:
         with self.lock:
             counter[key] += n
 
+    def count_request(self, api_key: int, api_version: int, client_id: str | None) -> None:
+        """A request forwarded: counted by api, version and client id, each as the table knows it."""
+        if protocol.is_known(api_key, api_version):
+            client = client_id or ""
+            key: tuple[int | str, int | str, str] = (
+                api_key,
+                api_version,
+                client if client.isprintable() else OTHER,
+            )
+        elif protocol.api_name(api_key) is not None:
+            key = (api_key, OTHER, OTHER)
+        else:
+            key = (OTHER, OTHER, OTHER)
+        with self.lock:
+            self.requests[key] += 1
+
     def observe_response(self, api_key: int, seconds: float | None, error_codes: list[int]) -> None:
         """A recorded response: its latency (None if unknown) and its non-zero error codes."""
+        api_key = _api(api_key)  # type: ignore[assignment]
+        error_codes = [code if code in protocol.ERRORS else OTHER for code in error_codes]  # type: ignore[misc]
         with self.lock:
             if seconds is not None:
                 buckets = self.latency.get(api_key)
@@ -96,26 +140,31 @@ class Metrics:
             "counter",
             "Requests forwarded or answered, by api, version and client id.",
         )
-        for (key, version, client), n in sorted(self.requests.items(), key=lambda kv: kv[0][:2]):
+        for (key, version, client), n in sorted(
+            self.requests.items(), key=lambda kv: (_order(kv[0][0]), _order(kv[0][1]))
+        ):
             lines.append(
-                f"kwire_proxy_requests_total{_labels(api=protocol.api_name(key) or key, api_key=key, version=version, client_id=client)} {n}"
+                f"kwire_proxy_requests_total{_labels(api=_api_label(key), api_key=key, version=version, client_id=client)} {n}"
             )
         family(
             "kwire_proxy_response_errors_total",
             "counter",
             "Error codes in recorded responses (top level and per partition), by api and code.",
         )
-        for (key, code), n in sorted(self.errors.items()):
+        for (key, code), n in sorted(
+            self.errors.items(), key=lambda kv: (_order(kv[0][0]), _order(kv[0][1]))
+        ):
+            error = protocol.error_name(code) if type(code) is int else OTHER
             lines.append(
-                f"kwire_proxy_response_errors_total{_labels(api=protocol.api_name(key) or key, code=code, error=protocol.error_name(code))} {n}"
+                f"kwire_proxy_response_errors_total{_labels(api=_api_label(key), code=code, error=error)} {n}"
             )
         family(
             "kwire_proxy_request_latency_seconds",
             "histogram",
             "Request to response latency seen by the proxy, by api.",
         )
-        for key, buckets in sorted(self.latency.items()):
-            api = protocol.api_name(key) or key
+        for key, buckets in sorted(self.latency.items(), key=lambda kv: _order(kv[0])):
+            api = _api_label(key)
             total = 0
             for bound, n in zip((*LATENCY_BUCKETS, "+Inf"), buckets, strict=True):
                 total += n
@@ -147,14 +196,14 @@ class Metrics:
             "Responses whose broker addresses were rewritten, by api.",
         )
         for key, n in sorted(self.rewrites.items()):
-            lines.append(f"kwire_proxy_rewrites_total{_labels(api=protocol.api_name(key) or key)} {n}")
+            lines.append(f"kwire_proxy_rewrites_total{_labels(api=_api_label(key))} {n}")
         family(
             "kwire_proxy_rewrite_errors_total",
             "counter",
             "Responses that could not be rewritten (forwarded unchanged), by api.",
         )
         for key, n in sorted(self.rewrite_errors.items()):
-            lines.append(f"kwire_proxy_rewrite_errors_total{_labels(api=protocol.api_name(key) or key)} {n}")
+            lines.append(f"kwire_proxy_rewrite_errors_total{_labels(api=_api_label(key))} {n}")
         family("kwire_proxy_injected_faults_total", "counter", "Faults injected, by rule and action.")
         for (rule, action), n in sorted(self.injected.items()):
             lines.append(f"kwire_proxy_injected_faults_total{_labels(rule=rule, action=action)} {n}")

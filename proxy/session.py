@@ -30,6 +30,11 @@ Every chunk received from the client and every chunk written to it is handed to 
 recorder (``proxy.recorder``) as is: the recorder sees exactly what the client saw.
 If a stream ever stops looking like Kafka framing (an impossible length), that connection
 falls back to forwarding blindly: the proxy never breaks a client it does not understand.
+
+SASL tokens sent outside Kafka framing (after SaslHandshake v0, or a Kafka 0.9 GSSAPI client's
+first frame: ``decoder.sasl``) are cut by their length alone, in both directions, and forwarded:
+no head is read from them, so none of their bytes becomes a metric label or an awaited
+correlation id, and an empty token (4 bytes) is passed on at once.
 """
 
 from __future__ import annotations
@@ -43,8 +48,10 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from decoder import protocol
+from decoder.connection import decodes_as_request, looks_like_request
+from decoder.sasl import GSSAPI_TOKEN_TAG, RawExchange, starts_raw_exchange
 from proxy import inject, rewrite
-from proxy.framing import RequestHead, parse_request_head
+from proxy.framing import HEAD_LIMIT, RequestHead, parse_request_head
 
 if TYPE_CHECKING:
     from proxy.server import Proxy
@@ -54,6 +61,7 @@ __all__ = ["ClientProtocol", "Session"]
 log = logging.getLogger("kwire.proxy")
 
 _RESPONSE_HEAD = struct.Struct(">ii").unpack_from
+_I32 = struct.Struct(">i").unpack_from
 _FRAME_LIMIT = 100 << 20
 _time_ns = time.time_ns
 #: How long responses are still forwarded after the client ended its side of the stream.
@@ -170,6 +178,7 @@ class Session:
         self.c_hold_left = 0
         self.c_hold_head: RequestHead | None = None
         self.c_blind = False
+        self.c_first = True  # no client frame seen yet
         self.c_pause: set[str] = set()
         # broker -> client
         self.b_frame_left = 0
@@ -181,6 +190,8 @@ class Session:
         self.inflight: deque[_Inflight] = deque()
         self.inflight_ids: dict[int, int] = {}
         self.injected_waiting = 0
+        #: An unframed SASL token exchange under way (set by the client side, read by both).
+        self.sasl: RawExchange | None = None
         peer = client.get_extra_info("peername") or (None, None)
         self.client_addr = (peer[0], peer[1])
         self.metrics.add("connections_open")
@@ -415,6 +426,21 @@ class Session:
                 start, end = 0, len(buf)
             else:
                 buf, start, end = data, pos, n
+            if self.c_first or self.sasl is not None:
+                token = self._client_token(buf, start, end)
+                if token is None:  # too few bytes to tell yet
+                    if span < pos:
+                        up.write(memoryview(data)[span:pos])
+                    self.c_head += data[pos:]
+                    pos = span = n
+                    continue
+                if token >= 0:  # a SASL token: forwarded by its length, never read
+                    held = bytes(self.c_head)
+                    self.c_head.clear()
+                    if held:
+                        up.write(held)
+                    self.c_frame_left = token - len(held)
+                    continue
             try:
                 head = parse_request_head(buf, start, end)
             except ValueError:
@@ -453,9 +479,48 @@ class Session:
             self.c_head.clear()
         self.up.write(memoryview(data)[span:])
 
+    def _client_token(self, buf: Any, start: int, end: int) -> int | None:
+        """At a client frame boundary while a SASL exchange may be under way (or before the first
+        frame): the size of the token frame starting at ``buf[start]`` (``end`` bounds the bytes
+        at hand), -1 if it is a Kafka request, None if more bytes are needed to tell."""
+        have = end - start
+        sasl = self.sasl
+        if sasl is None:  # the connection's first frame: a Kafka 0.9 client's GSSAPI token?
+            if have < 5:
+                return None
+            self.c_first = False
+            size = _I32(buf, start)[0]
+            if buf[start + 4] != GSSAPI_TOKEN_TAG or not 0 < size <= _FRAME_LIMIT:
+                return -1
+            sasl = self.sasl = RawExchange("GSSAPI", False, _time_ns())
+        elif not sasl.client_open:
+            if sasl.done:
+                self.sasl = None
+            return -1
+        else:
+            if have < 4:
+                return None
+            size = _I32(buf, start)[0]
+            if not 0 <= size <= _FRAME_LIMIT:
+                return -1  # read as a request: forwarded blindly from here on
+            if not sasl.fixed:  # the tokens end where a Kafka request starts (as the decoder decides)
+                whole = 4 + size
+                if have < min(whole, 14):
+                    return None
+                if looks_like_request(buf, start, end, _FRAME_LIMIT):
+                    if whole <= HEAD_LIMIT and have < whole:
+                        return None  # a small frame is decided once it is all here
+                    if whole > HEAD_LIMIT or decodes_as_request(buf, start, start + whole):
+                        sasl.client_ended()
+                        return -1
+        self.c_first = False
+        sasl.client_token(4 + size, 0)
+        return 4 + size
+
     def _request_head(self, head: RequestHead) -> bool:
         """Note a request; True if its whole frame must be held (a fault rule may act on it)."""
-        self.metrics.bump(self.metrics.requests, (head.api_key, head.api_version, head.client_id or ""))
+        self.c_first = False
+        self.metrics.count_request(head.api_key, head.api_version, head.client_id)
         if self.rules and self.rules.may_apply(head.api_key):
             return True
         if head.expects_response:
@@ -464,6 +529,9 @@ class Session:
 
     def _expect(self, head: RequestHead, injected: bytes | None) -> None:
         corr = head.correlation_id
+        if injected is None and starts_raw_exchange(head.api_key, head.api_version):
+            # forwarded to the broker: unframed tokens follow, whatever comes back
+            self.sasl = RawExchange(head.mechanism, True, _time_ns())
         with self.lock:
             self.inflight.append(_Inflight(corr, head.api_key, head.api_version, injected))
             self.inflight_ids[corr] = self.inflight_ids.get(corr, 0) + 1
@@ -648,6 +716,28 @@ class Session:
                         self._to_client(self._rewritten(b"".join(pieces), entry))
                     self._flush_injected()
                 continue
+            sasl = self.sasl
+            if sasl is not None and sasl.server_open:
+                if self.b_head:
+                    buf = bytes(self.b_head) + bytes(data[pos : pos + 8])
+                    start, end = 0, len(buf)
+                else:
+                    buf, start, end = data, pos, n
+                token = self._broker_token(sasl, buf, start, end)
+                if token is None:  # too few bytes to tell yet (an empty token is 4)
+                    if span < pos:
+                        self._to_client(memoryview(data)[span:pos])
+                    self.b_head += data[pos:]
+                    pos = span = n
+                    continue
+                if token >= 0:  # a SASL token: forwarded by its length, never read
+                    if self.b_head:
+                        held = bytes(self.b_head)
+                        self.b_head.clear()
+                        self._to_client(held)
+                        token -= len(held)
+                    self.b_frame_left = token
+                    continue
             prefix = None
             if self.b_head or n - pos < 8:
                 if span < pos:
@@ -667,6 +757,15 @@ class Session:
                 self._go_blind_upstream(data, span, pos, prefix)
                 return
             entry, before = self._match(corr)
+            sasl = self.sasl
+            if (
+                entry is not None
+                and sasl is not None
+                and starts_raw_exchange(entry.api_key, entry.api_version)
+            ):
+                # Its answer: the broker's tokens follow this frame. An error answer is followed by
+                # the broker closing the connection (Kafka), so it needs no reading.
+                sasl.handshake_answered(True)
             if before:
                 if span < pos and prefix is None:
                     self._to_client(memoryview(data)[span:pos])
@@ -701,6 +800,29 @@ class Session:
             self._to_client(data if span == 0 else memoryview(data)[span:])
         if self.injected_waiting:
             self._flush_injected()
+
+    def _broker_token(self, sasl: RawExchange, buf: Any, start: int, end: int) -> int | None:
+        """At a broker frame boundary inside a SASL exchange: the size of the token frame at
+        ``buf[start]``, -1 if it is a Kafka response, None if more bytes are needed to tell."""
+        if end - start < 4:
+            return None
+        size = _I32(buf, start)[0]
+        if not 0 <= size <= _FRAME_LIMIT:
+            return -1  # read as a response: forwarded blindly from here on
+        if not sasl.fixed and not sasl.client_open and size >= 4:
+            # once the client has sent a request, its answer ends the broker's tokens
+            if end - start < 8:
+                return None
+            with self.lock:
+                answers = _I32(buf, start + 4)[0] in self.inflight_ids
+            if answers:
+                sasl.server_ended()
+                self.sasl = None
+                return -1
+        sasl.server_token(4 + size, 0)
+        if sasl.done:
+            self.sasl = None
+        return 4 + size
 
     def _go_blind_upstream(self, data: Any, span: int, pos: int, prefix: bytes | None) -> None:
         log.warning("broker stream to %s:%s does not look like Kafka; forwarding blindly", *self.client_addr)
