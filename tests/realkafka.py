@@ -349,11 +349,14 @@ class Tcpdump:
         interface: str = "lo",
         start_timeout: float = 10.0,
         settle: float = 0.5,
+        bpf: str | None = None,
     ) -> None:
         if not ports:
             raise ValueError("Tcpdump needs at least one port")
         self.path = Path(path)
         self.ports = list(ports)
+        #: the capture filter; by default every TCP packet to or from one of the ports
+        self.bpf = bpf or " or ".join(f"tcp port {port}" for port in self.ports)
         self.interface = interface
         self.start_timeout = start_timeout
         self.settle = settle
@@ -369,7 +372,6 @@ class Tcpdump:
         if binary is None:
             raise RuntimeError("tcpdump not found; run scripts/install-system-deps")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        bpf = " or ".join(f"tcp port {port}" for port in self.ports)
         # --immediate-mode: without it libpcap's TPACKET_V3 ring hands packets over in
         # blocks, and here tcpdump stopped with most of a 2 s capture still unread.
         self.command = [
@@ -391,7 +393,7 @@ class Tcpdump:
             # As root tcpdump drops to user "tcpdump" before opening the output file,
             # which then fails in directories only root may write to.
             self.command += ["-Z", "root"]
-        self.command.append(bpf)
+        self.command.append(self.bpf)
         # Closed in stop(): tcpdump writes to it for the whole capture.
         self._stderr_file = tempfile.TemporaryFile()  # noqa: SIM115
         self.proc = subprocess.Popen(

@@ -609,6 +609,10 @@ def _bundled() -> list[Path]:
     return sorted(CAPTURES.glob("*.pcap"))
 
 
+def _lab() -> list[Path]:
+    return sorted((CAPTURES / "lab").glob("*/capture.pcap*"))
+
+
 def _public() -> list[Path]:
     return sorted(p for p in PUBLIC.glob("*") if p.suffix in (".pcap", ".pcapng"))
 
@@ -870,6 +874,12 @@ EXPECTED: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("path", _bundled(), ids=lambda p: p.name)
 def test_bundled_capture_matches_tshark(path: Path) -> None:
     _check(compare(path), EXPECTED[path.name])
+
+
+@pytest.mark.parametrize("path", _lab(), ids=lambda p: p.parent.name)
+def test_lab_capture_matches_tshark(path: Path) -> None:
+    """The incident lab's captures of real Apache Kafka clusters: brokers on 9092, controllers on 9093."""
+    _check(compare(path, (9092, 9093)), None)
 
 
 @pytest.mark.skipif(not PUBLIC.is_dir(), reason=f"public captures not found at {PUBLIC}")
