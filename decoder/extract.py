@@ -9,13 +9,24 @@ knowledge written here.
 This runs for every frame a decode sees, so the walks are written for speed: one recursive
 function per direction, exact type checks (the layouts build plain dicts, lists and tuples),
 and no per-node callbacks.
+
+Record batches (Produce requests, Fetch responses) become ``batches`` entries: the identity
+dicts ``decoder.records`` read from their headers, with the enclosing topic and partition,
+at most ``MAX_BATCHES_KEPT`` per row (the counts columns count every batch).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from decoder.records import CODECS, codec_names
+from decoder.records import (
+    CODECS,
+    MAX_BATCHES_KEPT,
+    MAX_MESSAGE_CRCS_KEPT,
+    RecordsSummary,
+    batch_identity,
+    codec_names,
+)
 
 __all__ = ["exchange_values", "request_values", "response_values"]
 
@@ -59,6 +70,43 @@ def _root_int(fields: dict[str, Any], role: str) -> int | None:
     return value if type(value) is int else None  # not bool: type() is exact
 
 
+class _Batches:
+    """The batch identities a row keeps, within the per-row caps."""
+
+    __slots__ = ("crcs", "kept")
+
+    def __init__(self) -> None:
+        self.kept: list[dict[str, Any]] = []
+        self.crcs = 0  # legacy inner message CRCs kept so far
+
+    def add(
+        self,
+        entries: tuple[Any, ...],
+        topic: str | None,
+        topic_id: str | None,
+        partition: Any,
+        in_request: bool,
+    ) -> None:
+        """Keep a records field's batches (``RecordsSummary.entries``) with their topic and partition."""
+        kept = self.kept
+        room = MAX_BATCHES_KEPT - len(kept)
+        if room <= 0:
+            return
+        if len(entries) > room:
+            entries = entries[:room]
+        if type(partition) is not int:
+            partition = None
+        for entry in entries:
+            batch = batch_identity(entry, topic, topic_id, partition, in_request)
+            crcs = batch["message_crcs"]
+            if crcs:
+                room = MAX_MESSAGE_CRCS_KEPT - self.crcs
+                if len(crcs) > room:
+                    batch["message_crcs"] = crcs = crcs[: max(room, 0)]
+                self.crcs += len(crcs)
+            kept.append(batch)
+
+
 def _child_structs(node: dict[str, Any]) -> list[dict[str, Any]]:
     """The structs directly below a node (values that are dicts or lists of dicts), in order."""
     children: list[dict[str, Any]] = []
@@ -74,7 +122,16 @@ def _child_structs(node: dict[str, Any]) -> list[dict[str, Any]]:
 class _RequestScan:
     """What a request's structs name: topics, topic ids, groups, and its records' summary."""
 
-    __slots__ = ("batches", "codecs", "groups", "has_records", "records", "topic_ids", "topics")
+    __slots__ = (
+        "batch_identities",
+        "batches",
+        "codecs",
+        "groups",
+        "has_records",
+        "records",
+        "topic_ids",
+        "topics",
+    )
 
     def __init__(self) -> None:
         self.topics: list[str] = []
@@ -82,32 +139,41 @@ class _RequestScan:
         self.groups: list[str] = []
         self.batches = self.records = self.codecs = 0
         self.has_records = False
+        self.batch_identities: _Batches | None = None  # made on the first batch
 
-    def scan(self, node: dict[str, Any]) -> None:
-        """Depth first: the node's own roles, then its children."""
+    def scan(self, node: dict[str, Any], topic: str | None = None, topic_id: str | None = None) -> None:
+        """Depth first: the node's own roles, then its children, which inherit its topic."""
         value = node.get("topic")
         if value is not None:
             _add_strings(self.topics, value)
+            if type(value) is str:
+                topic = value
         value = node.get("topic_id")
         if value is not None:
             _add_strings(self.topic_ids, value)
+            if type(value) is str:
+                topic_id = value
         value = node.get("group_id")
         if value is not None:
             _add_strings(self.groups, value)
         if "records" in node:
             self.has_records = True
             summary = node["records"]
-            if type(summary) is tuple:
+            if type(summary) is RecordsSummary:
                 self.batches += summary[0]
                 self.records += summary[1]
                 self.codecs |= summary[2]
+                if summary.entries:
+                    if self.batch_identities is None:
+                        self.batch_identities = _Batches()
+                    self.batch_identities.add(summary.entries, topic, topic_id, node.get("partition"), True)
         for value in node.values():
             kind = type(value)
             if kind is dict:
-                self.scan(value)
+                self.scan(value, topic, topic_id)
             elif kind is list and value and type(value[0]) is dict:
                 for child in value:
-                    self.scan(child)
+                    self.scan(child, topic, topic_id)
 
 
 def request_values(api_key: int, fields: dict[str, Any] | None) -> dict[str, Any]:
@@ -134,6 +200,7 @@ def request_values(api_key: int, fields: dict[str, Any] | None) -> dict[str, Any
     if found.has_records:
         values["record_batches"] = found.batches
         values["records"] = found.records
+        values["batches"] = found.batch_identities.kept if found.batch_identities else []
         if found.codecs:
             values["compression"] = _CODEC_NAMES[found.codecs]
     if api_key == _FIND_COORDINATOR:
@@ -152,10 +219,12 @@ class _ResponseScan:
     __slots__ = (
         "api_key",
         "api_versions",
+        "batch_identities",
         "brokers",
         "coordinators",
         "fetch_partitions",
         "fetched_records",
+        "has_records",
         "meta_partitions",
         "results",
     )
@@ -169,6 +238,8 @@ class _ResponseScan:
         self.coordinators: list[dict[str, Any]] = []
         self.api_versions: list[dict[str, Any]] = []
         self.fetched_records = 0
+        self.has_records = False
+        self.batch_identities: _Batches | None = None  # made on the first batch
 
     def scan_below(self, root: dict[str, Any]) -> None:
         """Scan the structs below the top level (its own fields are read by name)."""
@@ -202,10 +273,20 @@ class _ResponseScan:
                     "partition": node.get("partition"),
                     "resource": resource,
                     "error_code": code,
+                    # Produce: where the batches landed, to follow them to their ack
+                    "base_offset": node.get("base_offset"),
+                    "log_start_offset": node.get("log_start_offset"),  # Produce v5+, Fetch v5+
                 }
             )
         if "host" in node and "port" in node:
             self._endpoint(node)
+        if "records" in node:
+            self.has_records = True
+            summary = node["records"]
+            if type(summary) is RecordsSummary and summary.entries:
+                if self.batch_identities is None:
+                    self.batch_identities = _Batches()
+                self.batch_identities.add(summary.entries, topic, topic_id, node.get("partition"), False)
         api_key = self.api_key
         if api_key == _METADATA:
             if "leader" in node:
@@ -224,7 +305,7 @@ class _ResponseScan:
         elif api_key == _FETCH:
             if "high_watermark" in node:
                 summary = node.get("records")
-                batches, count = (summary[0], summary[1]) if type(summary) is tuple else (0, 0)
+                batches, count = (summary[0], summary[1]) if type(summary) is RecordsSummary else (0, 0)
                 self.fetched_records += count
                 self.fetch_partitions.append(
                     {
@@ -288,6 +369,8 @@ def response_values(api_key: int, fields: dict[str, Any] | None) -> dict[str, An
             values[role] = value
     if found.results:
         values["partition_errors"] = found.results
+    if found.has_records:
+        values["batches"] = found.batch_identities.kept if found.batch_identities else []
     if fields.get("member_id") is not None:
         member_id = _root_str(fields, "member_id")
         if member_id is not None:

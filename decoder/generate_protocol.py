@@ -99,6 +99,8 @@ ROLE_BY_NAME_AND_TYPE: dict[tuple[str, str], str] = {
     ("ClientSoftwareVersion", "string"): "client_software_version",
     ("Mechanism", "string"): "sasl_mechanism",
     ("HighWatermark", "int64"): "high_watermark",
+    ("BaseOffset", "int64"): "base_offset",
+    ("LogStartOffset", "int64"): "log_start_offset",
     ("ResourceName", "string"): "resource",
 }
 

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from decoder.records import MAX_BATCHES_KEPT, MAX_MESSAGE_CRCS_KEPT
+
 __all__ = [
+    "BATCH_TYPE",
     "CONNECTIONS_SCHEMA",
     "CONNECTION_COLUMNS",
     "EXCHANGES_SCHEMA",
@@ -43,6 +46,46 @@ PARTITION_ERROR_TYPE = pa.struct(
         pa.field("partition", pa.int32()),
         pa.field("resource", pa.string()),
         pa.field("error_code", pa.int16()),
+        # Produce responses: where the partition's batches landed (null elsewhere; -1 on error)
+        pa.field("base_offset", pa.int64()),
+        pa.field("log_start_offset", pa.int64()),  # Produce and Fetch v5+
+    ]
+)
+
+#: One record batch (magic 2) or legacy message (magic 0/1) of a Produce request or a Fetch
+#: response, from its header only: enough to tell a retry (same producer id, epoch, base
+#: sequence and CRC) from a new batch and to follow a batch from Produce to its ack
+#: (``partition_errors.base_offset``) to a Fetch, without keeping a payload byte. The broker
+#: may rewrite a batch header it stores, and then its CRC: seen with sarama, which writes a
+#: max timestamp of -1 that Kafka corrects (also LogAppendTime topics, format conversion).
+#: From ack to Fetch, follow a batch by (topic, partition, acked base offset) and check its
+#: producer id, base sequence, record count and first timestamp; the CRC is for retries.
+BATCH_TYPE = pa.struct(
+    [
+        pa.field("topic", pa.string()),
+        pa.field("topic_id", pa.string()),
+        pa.field("partition", pa.int32()),
+        # Fetch: offset of the batch's first record (legacy compressed wrapper: of its first
+        # inner message). Null in Produce requests, where the broker has not assigned it yet.
+        pa.field("base_offset", pa.int64()),
+        # last offset - base offset (v2: lastOffsetDelta; legacy plain message: 0; legacy
+        # wrapper: range of its inner messages, null when they could not be read)
+        pa.field("last_offset_delta", pa.int32()),
+        pa.field("partition_leader_epoch", pa.int32()),  # v2 only; clients write -1
+        pa.field("magic", pa.int8()),  # 2: record batch; 0/1: legacy message
+        pa.field("crc", pa.int64()),  # unsigned 32-bit CRC (v2: CRC-32C of the batch; legacy: CRC-32)
+        pa.field("compression", pa.string()),  # none, gzip, snappy, lz4, zstd (null: invalid codec)
+        pa.field("transactional", pa.bool_()),
+        pa.field("control", pa.bool_()),  # transaction marker batch
+        pa.field("producer_id", pa.int64()),  # v2 only; -1 when not idempotent
+        pa.field("producer_epoch", pa.int16()),  # v2 only
+        pa.field("base_sequence", pa.int32()),  # v2 only; -1 when not idempotent (aiokafka, sarama: 0)
+        pa.field("record_count", pa.int32()),  # as the header says (legacy: 1, or a wrapper's inner count)
+        pa.field("first_timestamp_ms", pa.int64()),  # v2 baseTimestamp; magic 1 message timestamp
+        pa.field("max_timestamp_ms", pa.int64()),  # v2 maxTimestamp; magic 1 (wrapper) timestamp
+        # legacy compressed wrapper only: its inner messages' CRCs (the broker may rewrite the
+        # wrapper, and so its CRC, when it assigns offsets; the inner CRCs survive)
+        pa.field("message_crcs", pa.list_(pa.int64())),
     ]
 )
 
@@ -136,7 +179,9 @@ EXCHANGE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     (
         "partition_errors",
         pa.list_(PARTITION_ERROR_TYPE),
-        "every per-partition/topic/group/resource result of the response, error code 0 included",
+        "every per-partition/topic/group/resource result of the response, error code 0 included; "
+        "Produce results also carry base_offset (first offset of the acked batches) and "
+        "log_start_offset (Fetch results: log_start_offset)",
     ),
     (
         "topics",
@@ -152,6 +197,16 @@ EXCHANGE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
         "compression",
         pa.string(),
         "Produce: compression codecs used by the batches (none, gzip, snappy, lz4, zstd; comma-joined if mixed)",
+    ),
+    (
+        "batches",
+        pa.list_(BATCH_TYPE),
+        "Produce requests and Fetch responses: each record batch's identity from its header (topic, "
+        "partition, base offset (Fetch), leader epoch, CRC, producer id/epoch, base sequence, record count, "
+        "timestamps, codec, transactional/control); legacy message sets: one entry per message, with inner "
+        f"CRCs for compressed wrappers. Never a payload byte. At most {MAX_BATCHES_KEPT:,} batches and "
+        f"{MAX_MESSAGE_CRCS_KEPT:,} inner CRCs per row; record_batches (Produce) and "
+        "fetch_partitions.record_batches (Fetch) count them all",
     ),
     ("group_id", pa.string(), "consumer group id (group APIs)"),
     ("member_id", pa.string(), "group member id (request, or the one assigned in a JoinGroup response)"),

@@ -9,7 +9,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from kwire.decode_command import decode_captures
-from spark_jobs.decode_job import expand_inputs, run_decode
+from spark_jobs.decode_job import CAPTURE_SUFFIXES, expand_inputs, run_decode
 
 pytest.importorskip("pyspark")
 from spark_fixtures import spark  # noqa: F401
@@ -62,7 +62,10 @@ def test_same_rows_as_kwire_decode(spark, tmp_path: Path) -> None:  # noqa: F811
 
 
 def test_inputs_expand_folders_and_globs(tmp_path: Path) -> None:
-    assert expand_inputs([str(CAPTURES)]) == sorted(str(p) for p in CAPTURES.glob("*.pcap"))
+    # a folder is searched recursively (captures/lab/*/capture.pcap.gz too)
+    everything = sorted(str(p) for p in CAPTURES.rglob("*") if p.name.endswith(CAPTURE_SUFFIXES))
+    assert any(p.endswith(".pcap.gz") for p in everything)
+    assert expand_inputs([str(CAPTURES)]) == everything
     assert expand_inputs([str(CAPTURES / "tansu-k*.pcap")]) == sorted(
         str(p) for p in CAPTURES.glob("tansu-k*.pcap")
     )
