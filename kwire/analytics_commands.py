@@ -91,6 +91,33 @@ def _rich_table(
     return table
 
 
+_COLORS = {"critical": "red", "warning": "yellow", "info": "cyan"}
+
+
+def _print_findings(console: Console, found: list) -> None:
+    """The findings, most severe first, after one line counting them by severity and kind."""
+    from collections import Counter
+
+    console.rule("findings")
+    if not found:
+        console.print("no findings")
+        return
+    by_severity = Counter(f.severity for f in found)
+    kinds = Counter((f.severity, f.kind) for f in found)
+    console.print(
+        ", ".join(f"{n} {sev}" for sev, n in by_severity.items())
+        + " ("
+        + ", ".join(f"{kind} x{n}" for (_, kind), n in kinds.items())
+        + ")",
+        highlight=False,
+    )
+    for f in found:
+        console.print(
+            f"[{_COLORS[f.severity]}]{f.severity:8s}[/] [bold]{f.title}[/bold]\n         {f.detail}",
+            highlight=False,
+        )
+
+
 def analyze(
     dataset: Annotated[Path, typer.Argument(help="dataset directory (exchanges/, connections/)")],
     output: Annotated[
@@ -106,8 +133,12 @@ def analyze(
         Path | None, typer.Option(help="broker_api_versions.json [default: shared copy, else bundled table]")
     ] = None,
     top: Annotated[int, typer.Option(help="rows per headline table")] = 10,
+    tables: Annotated[
+        bool, typer.Option("--tables", help="print every result table, not only those behind the findings")
+    ] = False,
 ) -> None:
-    """Run the Spark jobs over a dataset: Parquet results, headline tables and report.html."""
+    """Run the Spark jobs over a dataset: the findings (REPORT_DIR/findings/), the tables behind them,
+    every result as Parquet, and report.html."""
     from spark_jobs import report
     from spark_jobs.jobs import parse_job_list
 
@@ -132,18 +163,13 @@ def analyze(
     results = report.load_results(out)
     found = report.findings(results)
     html_path = report.write_html(out / "report.html", results, found, dataset=str(dataset))
-    colors = {"critical": "red", "warning": "yellow", "info": "cyan"}
-    console.rule("findings")
-    for f in found:
-        console.print(
-            f"[{colors[f.severity]}]{f.severity:8s}[/] [bold]{f.title}[/bold]\n         {f.detail}",
-            highlight=False,
-        )
-    if not found:
-        console.print("no findings")
+    _print_findings(console, found)
+    from spark_jobs.findings import EXPLAINED_BY
+
+    explaining = {name for f in found for name in EXPLAINED_BY.get(f.kind, ())}
     for name, rows in results.items():
         cols = [c for c in report.HEADLINE_COLUMNS.get(name, []) if rows and c in rows[0]]
-        if rows and cols and not name.endswith("_timeline"):
+        if rows and cols and not name.endswith("_timeline") and (tables or name in explaining):
             console.print(_rich_table(name, rows, cols, top))
     console.print(
         f"results: {out}/<result>/ (Parquet); report: {html_path}; {time.perf_counter() - start:.1f}s"

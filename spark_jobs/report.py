@@ -11,12 +11,14 @@ import html
 import itertools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
+
+from spark_jobs.findings import Finding, client_label
+from spark_jobs.findings import build_findings as findings
 
 __all__ = [
     "HEADLINE_COLUMNS",
@@ -202,13 +204,6 @@ _TITLES = {
 }
 
 
-@dataclass(frozen=True)
-class Finding:
-    severity: str  # "critical", "warning" or "info"
-    title: str
-    detail: str
-
-
 def load_results(report_dir: str | Path) -> dict[str, Rows]:
     """Every result under ``report_dir`` (one subdirectory of Parquet files each) as rows."""
     out: dict[str, Rows] = {}
@@ -216,16 +211,6 @@ def load_results(report_dir: str | Path) -> dict[str, Rows]:
         if sub.is_dir() and any(sub.glob("*.parquet")):
             out[sub.name] = pq.read_table(sub).to_pylist()
     return out
-
-
-def client_label(r: dict[str, Any]) -> str:
-    """A result row's client as one phrase: ``'id' at ip (software version)``."""
-    name = r.get("client_id")
-    who = f"{name!r}" if name is not None else "(no client id)"
-    who += f" at {r.get('client_ip')}"
-    if r.get("client_software_name"):
-        who += f" ({r['client_software_name']} {r.get('client_software_version') or ''})".replace(" )", ")")
-    return who
 
 
 _CLIENT_PARTS = ("client_id", "client_ip", "client_software_name", "client_software_version")
@@ -243,212 +228,6 @@ def display_cells(
         cells = [cell for cell in cells if cell[0] not in _CLIENT_PARTS]
         cells.insert(at, ("client", client_label))
     return cells
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
-def findings(results: dict[str, Rows]) -> list[Finding]:
-    """What an operator should look at first, most severe first."""
-    out: list[Finding] = []
-    uv = results.get("unsupported_versions", [])
-    sig = [r for r in uv if r["reason"] in ("unanswered_then_closed", "unanswered_then_silent")]
-    for r in sig[:5]:
-        out.append(
-            Finding(
-                "critical",
-                f"{r['api_name'] or 'api ' + str(r['api_key'])} v{r['api_version']} never answered by {r['broker_ip']}:{r['broker_port']}",
-                f"{client_label(r)} sent it {_plural(r['count'], 'time')}; the broker never answers this api/version and the "
-                f"connection then went silent or closed ({r['reference']}): the old-broker signature (a 0.9 broker "
-                "stops dispatching requests on an unknown api key).",
-            )
-        )
-    errors = [r for r in uv if r["severity"] == "error" and r not in sig]
-    if errors:
-        clients = {(r["client_id"], r["client_ip"]) for r in errors}
-        top = sorted(errors, key=lambda r: -r["count"])[:3]
-        out.append(
-            Finding(
-                "critical",
-                f"{_plural(len(clients), 'client')} sent requests the broker does not support",
-                "; ".join(
-                    f"{client_label(r)}: {r['api_name']} v{r['api_version']} x{r['count']} ({r['reason']}, {r['reference']})"
-                    for r in top
-                ),
-            )
-        )
-    headline = results.get("error_reaction_headline", [])
-    # incident 4: refreshes on NOT_LEADER_OR_FOLLOWER, not on KAFKA_STORAGE_ERROR
-    differ = [
-        r for r in headline if r.get("reactions_differ") and r.get("reaction_6") == "refreshes_metadata"
-    ]
-    for r in differ[:5]:
-        out.append(
-            Finding(
-                "critical",
-                f"{client_label(r)} handles KAFKA_STORAGE_ERROR differently from NOT_LEADER_OR_FOLLOWER",
-                f"on 56: {r['reaction_56']} ({r['errors_56']} errors); on 6: {r['reaction_6']} ({r['errors_6']} errors). "
-                "A client that does not refresh metadata on 56 keeps writing to the failed disk's broker.",
-            )
-        )
-    if len(differ) > 5:
-        out.append(
-            Finding(
-                "critical",
-                f"{len(differ) - 5} more clients refresh metadata on 6 but not on 56",
-                "see error_reaction_headline (reactions_differ) for the full list",
-            )
-        )
-    retry = [
-        r
-        for r in headline
-        if r not in differ and "retries_without_refresh" in (r.get("reaction_56"), r.get("reaction_6"))
-    ]
-    for r in retry[:5]:
-        out.append(
-            Finding(
-                "warning",
-                f"{client_label(r)} retries without refreshing metadata",
-                f"reaction to 56: {r['reaction_56']}, to 6: {r['reaction_6']}",
-            )
-        )
-    broken = results.get("connection_broken", [])
-    if broken:
-        out.append(
-            Finding(
-                "warning",
-                f"{_plural(len(broken), 'connection')} ended by RST/FIN with requests unanswered",
-                "; ".join(
-                    f"{client_label(r)} -> {r['broker_ip']} ({r['end_reason']}, {r['unanswered']} waiting for {r['last_unanswered_api']})"
-                    for r in broken[:3]
-                ),
-            )
-        )
-    health = results.get("connection_health", [])
-    unanswered = [r for r in health if (r.get("unanswered") or 0) > 0]
-    if unanswered:
-        total = sum(r["unanswered"] for r in unanswered)
-        out.append(
-            Finding(
-                "warning",
-                f"{_plural(total, 'request')} never answered, from {_plural(len(unanswered), 'client')}",
-                "; ".join(
-                    f"{client_label(r)}: {r['unanswered']} of {r['requests']}"
-                    for r in sorted(unanswered, key=lambda r: -r["unanswered"])[:3]
-                ),
-            )
-        )
-    churn = [
-        r for r in health if (r.get("connections_per_min") or 0) >= 1.0 and (r.get("reconnects") or 0) >= 5
-    ]
-    if churn:
-        out.append(
-            Finding(
-                "warning",
-                f"{_plural(len(churn), 'client')} reconnect at least once a minute",
-                "; ".join(
-                    f"{client_label(r)}: {r['connections']} connections, {r['connections_per_min']:.1f}/min"
-                    for r in churn[:3]
-                ),
-            )
-        )
-    storms = results.get("coordinator_errors", [])
-    if storms:
-        r = max(storms, key=lambda s: s["duration_s"] or 0)
-        out.append(
-            Finding(
-                "warning",
-                f"{_plural(len(storms), 'coordinator error storm')}; longest {r['duration_s']:.0f}s for group {r['group_id']!r} on {r['broker_ip']}",
-                f"{r['errors']} errors ({r['not_coordinator']} NOT_COORDINATOR, {r['load_in_progress']} LOAD_IN_PROGRESS, "
-                f"{r['not_available']} NOT_AVAILABLE) from {r['clients']} clients, {r['storm_start']} to {r['storm_end']}",
-            )
-        )
-    risky = [r for r in results.get("producer_acks", []) if r.get("data_loss_risk")]
-    if risky:
-        out.append(
-            Finding(
-                "warning",
-                f"{_plural(len({(r['client_id'], r['client_ip']) for r in risky}), 'producer')} write with acks 0 or 1",
-                "; ".join(
-                    f"{client_label(r)}: acks={r['acks_label']}, {r['records'] or 0} records"
-                    for r in risky[:4]
-                )
-                + ". Such writes are lost if the leader changes before followers copy them.",
-            )
-        )
-    never = [r for r in results.get("metadata_refresh", []) if r.get("refreshes_periodically") is False]
-    if never:
-        out.append(
-            Finding(
-                "warning",
-                f"{_plural(len(never), 'client')} never refresh metadata periodically",
-                "; ".join(
-                    f"{client_label(r)}: {r['metadata_requests']} Metadata requests, longest gap {r['longest_gap_s']:.0f}s"
-                    for r in never[:4]
-                ),
-            )
-        )
-    stale = [r for r in results.get("metadata_stale_windows", []) if (r.get("stale_s") or 0) > 30]
-    if stale:
-        r = max(stale, key=lambda s: s["stale_s"])
-        out.append(
-            Finding(
-                "warning",
-                f"{_plural(len(stale), 'stale window')} longer than 30 s after a leadership change",
-                f"longest: {client_label(r)} on {r['topic']}/{r['partition']}, {r['stale_s']:.0f}s after {r['change_source']} "
-                f"({'refreshed' if r['refreshed'] else 'never refreshed before the data ended'})",
-            )
-        )
-    brokers = results.get("leader_skew_brokers", [])
-    for r in brokers:
-        share, fair = r.get("leader_share_pct"), r.get("fair_share_pct")
-        if share is not None and fair and share >= 1.5 * fair and share >= 50:
-            out.append(
-                Finding(
-                    "warning",
-                    f"broker {r['node_id']} leads {share:.0f}% of partitions (fair share {fair:.0f}%)",
-                    f"{r['leaders']} leaders over {r['topics_led']} topics; {r['replicas']} replicas.",
-                )
-            )
-    skewed = [
-        r
-        for r in results.get("leader_skew", [])
-        if (r.get("brokers_leader_skew_pct") or 0) > 0 or (r.get("brokers_skew_pct") or 0) > 0
-    ]
-    if skewed:
-        out.append(
-            Finding(
-                "info",
-                f"{_plural(len(skewed), 'topic')} with skewed replicas or leaders",
-                "; ".join(
-                    f"{r['topic']}: spread {r['brokers_spread_pct']}%, skew {r['brokers_skew_pct']}%, leader skew {r['brokers_leader_skew_pct']}%"
-                    for r in skewed[:5]
-                ),
-            )
-        )
-    inv = results.get("client_inventory", [])
-    if inv:
-        unnamed = [r for r in inv if not r.get("client_software_name")]
-        out.append(
-            Finding(
-                "info",
-                f"{_plural(len(inv), 'client')}, {len(unnamed)} without a software name",
-                f"{len({r['fingerprint_id'] for r in inv})} distinct protocol fingerprints."
-                + (
-                    " Unnamed clients sharing a fingerprint with named ones: "
-                    + "; ".join(
-                        f"{client_label(r)} ~ {r['fingerprint_software']}"
-                        for r in unnamed
-                        if r.get("fingerprint_software")
-                    )[:600]
-                    if any(r.get("fingerprint_software") for r in unnamed)
-                    else ""
-                ),
-            )
-        )
-    order = {"critical": 0, "warning": 1, "info": 2}
-    return sorted(out, key=lambda f: order[f.severity])
 
 
 # --- SVG charts -----------------------------------------------------------------------------

@@ -76,6 +76,11 @@ def analyse(
     for job_results, job_timings in done:
         results.update(job_results)
         timings.update(job_timings)
+    if "://" not in str(out):  # the findings read the results back with pyarrow from a local folder
+        from spark_jobs.findings import build_findings, write_findings
+        from spark_jobs.report import load_results
+
+        write_findings(build_findings(load_results(out)), out)
     return tables, results, timings
 
 

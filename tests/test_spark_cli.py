@@ -110,7 +110,7 @@ def test_analyze_writes_results_and_report_then_sql_reads_them(spark, tmp_path):
     ds = write_dataset(
         tmp_path / "ds", rows, [conn(), conn(connection_id="c9", end_reason="rst", last_packet_time=at(45))]
     )
-    result = runner.invoke(app, ["analyze", str(ds), "--broker-version", "4.0", "--top", "3"])
+    result = runner.invoke(app, ["analyze", str(ds), "--broker-version", "4.0", "--top", "3", "--tables"])
     assert result.exit_code == 0, result.output
     report = ds / "report"
     for name in (
@@ -129,9 +129,17 @@ def test_analyze_writes_results_and_report_then_sql_reads_them(spark, tmp_path):
         and "http://" not in page.replace("http://www.w3.org/2000/svg", "")
     )
     assert page.index("Findings") < page.index("Charts") < page.index("Client inventory")
-    assert "handles KAFKA_STORAGE_ERROR differently" in page  # sarama: retries on 56, refreshes on 6
+    # sarama: retries on 56, refreshes on 6
+    assert "does not refresh metadata after KAFKA_STORAGE_ERROR" in page
+    from spark_jobs.findings import load_findings
+
+    kinds = {f["kind"]: f for f in load_findings(report)}
+    assert kinds["no_refresh_after_error"]["client_id"] == "go-app"
+    assert kinds["no_refresh_after_error"]["severity"] == "critical"
+    assert kinds["no_refresh_after_error"]["evidence"]["reaction_to_56"] == "retries_without_refresh"
     assert "<td>&#x27;go-app&#x27; at 10.0.1.2 (sarama 1.42.1)</td>" in page  # one client column
     assert "findings" in result.stdout
+    assert "no_refresh_after_error x1" in result.stdout  # the findings counted by kind
     # Headline tables name each client as the findings do, one line per row even off a terminal
     # (the runner's stdout is not one: no folding at 80 columns).
     headline = [

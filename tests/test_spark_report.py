@@ -77,7 +77,8 @@ def test_findings_order_and_content():
     found = findings(_results())
     assert found[0].severity == "critical" and "go-app" in found[0].title and "sarama" in found[0].title
     titles = " | ".join(f.title for f in found)
-    assert "1 producer write with acks 0 or 1" in titles
+    assert "writes with acks=1" in titles
+    assert found[0].kind == "no_refresh_after_error" and found[0].client_id == "go-app"
     assert "broker 1 leads 100% of partitions" in titles
     assert [f.severity for f in found] == sorted(
         (f.severity for f in found), key=["critical", "warning", "info"].index
