@@ -15,6 +15,7 @@ Python over ``{result name: rows}``: the same input the HTML report reads from
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -165,6 +166,16 @@ def client_label(r: dict[str, Any]) -> str:
     return who
 
 
+#: Client ids Kafka's own brokers and controllers use for their outgoing connections (replica
+#: fetchers, the broker-to-controller channel, raft): a broker, never an application client.
+_INTERNAL_CLIENT = re.compile(r"^(?:broker-\d+-fetcher-\d+|broker-\d+-.*|raft-client-\d+|\d+)$")
+
+
+def internal_client(r: dict[str, Any]) -> bool:
+    """Whether a row's client is a broker or controller talking to another one."""
+    return bool(r.get("client_id") and _INTERNAL_CLIENT.match(r["client_id"]))
+
+
 def _software(r: dict[str, Any]) -> str | None:
     name = r.get("client_software_name")
     if not name:
@@ -189,6 +200,9 @@ def _about(r: dict[str, Any]) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------- rules
+#: Leaders above a broker's fair share before a skew is a finding.
+SKEW_MIN_EXCESS = 5
+
 Rule = Callable[[dict[str, Rows]], Iterable[Finding]]
 RULES: list[Rule] = []
 
@@ -333,7 +347,7 @@ def acks_risk(results: dict[str, Rows]) -> Iterator[Finding]:
 @rule
 def stale_metadata(results: dict[str, Rows]) -> Iterator[Finding]:
     for r in results.get("metadata_stale_windows", []):
-        if (r.get("stale_s") or 0) <= 30:
+        if (r.get("stale_s") or 0) <= 30 or internal_client(r):
             continue
         yield Finding(
             "warning",
@@ -351,8 +365,11 @@ def stale_metadata(results: dict[str, Rows]) -> Iterator[Finding]:
 @rule
 def skew(results: dict[str, Rows]) -> Iterator[Finding]:
     for r in results.get("leader_skew_brokers", []):
-        share, fair = r.get("leader_share_pct"), r.get("fair_share_pct")
-        if share is not None and fair and share >= 1.5 * fair and share >= 50:
+        share, fair, leaders = r.get("leader_share_pct"), r.get("fair_share_pct"), r.get("leaders") or 0
+        # a share well above fair, and by enough partitions to matter: 3 of 6 on a 3-broker
+        # cluster is noise, 27 of 35 is incident 3
+        excess = leaders - leaders * fair / share if share else 0
+        if share is not None and fair and share >= 1.5 * fair and share >= 50 and excess >= SKEW_MIN_EXCESS:
             yield Finding(
                 "warning",
                 "leader_skew",
