@@ -66,6 +66,8 @@ _FRAME_LIMIT = 100 << 20
 _time_ns = time.time_ns
 #: How long responses are still forwarded after the client ended its side of the stream.
 LINGER_SECONDS = 10.0
+#: Bytes a client may send while its upstream connection is being made; reading it pauses beyond.
+BACKLOG_LIMIT = 1 << 20
 #: Bytes asked of the kernel per read (asyncio's default is 256 KB). Under load, 1 MB reads
 #: took about 10% less proxy CPU per MB forwarded (fewer wake-ups, reads and recorder items).
 _READ_SIZE = 1 << 20
@@ -156,6 +158,7 @@ class Session:
         self.recorder = proxy.recorder
         self.rules = proxy.rules
         self.key = proxy.next_session_key()
+        self.accepted_ns = _time_ns()  # the connection's first packet, in its rows
         self.cl = client
         self.up: Any = None  # the upstream transport, once connected
         self.closed = False
@@ -171,6 +174,8 @@ class Session:
         self.bytes_to_client = 0
         # client -> broker
         self.c_backlog: list[tuple[Any, int]] | None = []  # chunks before upstream is ready
+        self.c_backlog_bytes = 0
+        self.c_eof_waiting = False  # the client ended its side while upstream was connecting
         self.c_delayed: list[Any] | None = None  # chunks held behind a latency rule
         self.c_frame_left = 0
         self.c_head = bytearray()
@@ -201,8 +206,8 @@ class Session:
     # ---- connection life --------------------------------------------------------------
 
     def connect_async(self, targets: list[tuple[str, int]]) -> None:
-        """Connect upstream on the event loop; what the client sends meanwhile waits."""
-        self.pause_client("connecting", True)
+        """Connect upstream on the event loop; what the client sends meanwhile is read and held
+        (up to ``BACKLOG_LIMIT``), so it is recorded even when no broker can be reached."""
         self._connect_task = asyncio.get_running_loop().create_task(self._connect(targets))
 
     async def _connect(self, targets: list[tuple[str, int]]) -> None:
@@ -227,6 +232,8 @@ class Session:
                 return
             self.recorder.catch_up()
             self.pause_client("connecting", False)
+            if self.c_eof_waiting:
+                self.client_eof()
             return
         self.unreachable(targets, error)
 
@@ -247,12 +254,18 @@ class Session:
         return True
 
     def unreachable(self, targets: list[tuple[str, int]], error: BaseException | None) -> None:
-        """No broker answered: record the attempt and what the client sent, reset the client."""
+        """No broker answered: record the attempt and what the client sent, reset the client.
+
+        The client's requests are recorded (unanswered), as a capture of that connection
+        shows them, though none was forwarded.
+        """
         self.metrics.add("upstream_failures")
         log.warning("no broker reachable for client %s:%s (%s)", *self.client_addr, error)
+        self.proxy.upstream_refused(targets, error)
         host, port = targets[0] if targets else (None, None)
         self._open_record(host, port)
         for data, ts in self.c_backlog or []:
+            self.bytes_from_client += len(data)
             self.recorder.data(self.key, 0, data, ts)
         self.c_backlog = None
         if self._end("rst"):
@@ -269,7 +282,7 @@ class Session:
             broker_ip,
             broker_port,
         )
-        self.recorder.open(self.key, info, _time_ns())
+        self.recorder.open(self.key, info, self.accepted_ns)
 
     def pause_client(self, reason: str, on: bool) -> None:
         if self.closed:
@@ -304,10 +317,14 @@ class Session:
 
         The end is passed on to the broker, and what the broker still sends reaches the client
         until the broker ends its side too (at most ``LINGER_SECONDS``), as on a direct
-        connection. Where it cannot be passed on (still connecting, a delayed request held,
-        TLS on either side) the session ends now.
+        connection; an end that comes while the upstream connection is being made is passed
+        on once it is made, after what the client sent before it. Where it cannot be passed
+        on (a delayed request held, TLS on either side) the session ends now.
         """
         up = self.up
+        if up is None and self.c_backlog is not None and not self.closed:
+            self.c_eof_waiting = True
+            return True
         ends_now = up is None or self.c_delayed is not None
         if self.closed or ends_now or not (up.can_write_eof() and self.cl.can_write_eof()):
             self.client_gone(None)
@@ -377,6 +394,9 @@ class Session:
     def from_client(self, data: bytes) -> None:
         if self.c_backlog is not None:
             self.c_backlog.append((data, _time_ns()))
+            self.c_backlog_bytes += len(data)
+            if self.c_backlog_bytes >= BACKLOG_LIMIT:
+                self.pause_client("connecting", True)
             return
         self._from_client(data, _time_ns())
 

@@ -30,6 +30,9 @@ class CapturedStream:
     data: tuple[bytearray, bytearray] = field(default_factory=lambda: (bytearray(), bytearray()))
     gap_bytes: int = 0
     how: str = "open_at_end"
+    #: capture times (ns) of the first and the last packet
+    opened_ns: int = 0
+    closed_ns: int = 0
 
 
 def capture_streams(paths: Sequence[str | os.PathLike[str]]) -> list[CapturedStream]:
@@ -42,7 +45,11 @@ def capture_streams(paths: Sequence[str | os.PathLike[str]]) -> list[CapturedStr
         for event in events:
             if isinstance(event, StreamOpened):
                 stream = CapturedStream(
-                    (event.client_ip, event.client_port), (event.server_ip, event.server_port), event.syn_seen
+                    (event.client_ip, event.client_port),
+                    (event.server_ip, event.server_port),
+                    event.syn_seen,
+                    opened_ns=event.ts_ns,
+                    closed_ns=event.ts_ns,
                 )
                 streams[event.conn_id] = stream
                 order.append(stream)
@@ -52,6 +59,7 @@ def capture_streams(paths: Sequence[str | os.PathLike[str]]) -> list[CapturedStr
                 streams[event.conn_id].gap_bytes += event.nbytes
             elif isinstance(event, StreamClosed):
                 streams[event.conn_id].how = event.how
+                streams[event.conn_id].closed_ns = event.stats.last_ts_ns
 
     last = 0
     for segment in iter_segments_merged(paths):

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from proxy.session import LINGER_SECONDS, Session
+from proxy.session import BACKLOG_LIMIT, LINGER_SECONDS, Session
 
 if TYPE_CHECKING:
     from proxy.server import Proxy
@@ -82,7 +82,8 @@ def serve_listener(
         try:
             client, _ = listener.accept()
         except OSError as exc:
-            if proxy.stopping or listener.fileno() < 0:
+            if proxy.stopping or listener in proxy.retired or listener.fileno() < 0:
+                proxy.retired.discard(listener)
                 return
             log.warning("accept failed on port %s: %s", listener.getsockname()[1], exc)
             time.sleep(_ACCEPT_BACKOFF)
@@ -132,6 +133,7 @@ def _serve_client(proxy: Proxy, client: socket.socket, targets: list[tuple[str, 
             return
         upstream, error = _connect(targets, proxy.config.connect_timeout)
         if upstream is None:
+            _take_backlog(client, session)
             session.unreachable(targets, error)
             return
         upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -158,6 +160,24 @@ def _serve_client(proxy: Proxy, client: socket.socket, targets: list[tuple[str, 
             upstream.close()
         client.close()
         proxy.threads.discard(threading.current_thread())
+
+
+def _take_backlog(client: socket.socket, session: Session) -> None:
+    """Hand the session what the client sent while no broker could be reached (up to
+    ``BACKLOG_LIMIT``, without waiting), so its requests are recorded as on the event loop."""
+    taken = 0
+    client.setblocking(False)
+    try:
+        while taken < BACKLOG_LIMIT:
+            data = client.recv(BACKLOG_LIMIT - taken)
+            if not data:
+                return
+            taken += len(data)
+            session.from_client(data)
+    except OSError:  # nothing more to read now (or the client is gone)
+        return
+    finally:
+        client.setblocking(True)
 
 
 def _serve_upstream(proxy: Proxy, session: Session, upstream: socket.socket) -> None:

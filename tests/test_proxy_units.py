@@ -327,7 +327,11 @@ class FakeBroker:
     after ``delay`` seconds. ``raw=True`` echoes bytes back instead. Records what it received."""
 
     def __init__(
-        self, handler: Callable[[bytes], bytes | None] | None = None, delay: float = 0.0, raw: bool = False
+        self,
+        handler: Callable[[bytes], bytes | None] | None = None,
+        delay: float = 0.0,
+        raw: bool = False,
+        port: int = 0,
     ) -> None:
         self.handler = handler
         self.delay = delay
@@ -363,7 +367,10 @@ class FakeBroker:
                             time.sleep(outer.delay)
                             sock.sendall(answer)
 
-        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        class Server(socketserver.ThreadingTCPServer):
+            allow_reuse_address = True  # a broker restarted on its port
+
+        self.server = Server(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -576,6 +583,120 @@ def test_client_end_of_stream_still_gets_the_responses(fake: FakeBroker, tmp_pat
     table = ds.dataset(tmp_path / "exchanges", partitioning="hive").to_table()
     assert sorted(table["correlation_id"].to_pylist()) == [1, 2]
     assert set(table["status"].to_pylist()) == {"ok"}
+
+
+def _unanswering_listener() -> tuple[socket.socket, list[socket.socket]]:
+    """A listener whose accept queue is full and never served: a connection attempt to it
+    gets no answer (Linux drops the SYN) until the connecting side gives up."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    fillers = []
+    for _ in range(3):
+        filler = socket.socket()
+        filler.setblocking(False)
+        filler.connect_ex(listener.getsockname())
+        fillers.append(filler)
+    time.sleep(0.1)
+    return listener, fillers
+
+
+@BOTH_IO_PATHS
+def test_requests_to_an_unreachable_broker_are_recorded(tmp_path: Path, io: str) -> None:
+    """A client whose broker cannot be reached is cut off, and what it sent meanwhile is in the
+    rows (unanswered), as a capture of that connection shows it; the connection's row starts
+    when the client connected. Before: the threaded path never read those bytes, the event
+    loop paused reading while connecting, so neither recorded the request, and the row's
+    first packet was the time the connect failed."""
+    listener, fillers = _unanswering_listener()
+    request = request_frame(18, 0, 41, client_id="stranded")
+    try:
+        config = proxy_config(listener.getsockname()[1], tmp_path, io=io, connect_timeout=0.5)
+        with ProxyThread(config) as running:
+            with socket.create_connection(("127.0.0.1", running.proxy.listen_port)) as s:
+                s.sendall(request)
+                s.settimeout(5)
+                try:
+                    answer = s.recv(100)
+                except ConnectionResetError:
+                    answer = b""
+                assert answer == b""  # cut off without an answer
+            assert running.proxy.metrics.upstream_failures == 1
+    finally:
+        for sock in (*fillers, listener):
+            sock.close()
+    [row] = ds.dataset(tmp_path / "exchanges", partitioning="hive").to_table().to_pylist()
+    assert (row["correlation_id"], row["client_id"], row["status"]) == (41, "stranded", "unanswered")
+    [connection] = ds.dataset(tmp_path / "connections", partitioning="hive").to_table().to_pylist()
+    assert connection["bytes_to_broker"] == len(request) and connection["frames_to_broker"] == 1
+    assert connection["end_reason"] == "rst"
+    # the connection began before its request (not when the connect attempt failed, 0.5 s later)
+    assert connection["first_packet_time"] <= row["request_time"]
+
+
+@BOTH_IO_PATHS
+def test_broker_listener_refuses_while_its_broker_does(tmp_path: Path, io: str) -> None:
+    """A broker that refuses connections (it is down) gets a listener that refuses them too,
+    until it accepts connections again: clients back off as on a direct connection. Before,
+    the listener accepted every client and cut it off at once, and kafka-python 3.0 reconnected
+    about 240 times a second to a killed broker of a real cluster (tests/test_proxy_real_cluster)."""
+    address: list[int] = []
+
+    def answer(frame: bytes) -> bytes | None:
+        key, version, corr = struct.unpack_from(">hhi", frame, 4)
+        body = mc.default_tree("response", key, version)
+        if key == 3:
+            body["Brokers"] = [{"NodeId": 7, "Host": "127.0.0.1", "Port": address[0], "Rack": None}]
+        return response_frame(key, version, corr, body)
+
+    broker = FakeBroker(answer)
+    address.append(broker.port)
+
+    def connect(port: int) -> socket.socket | None:
+        try:
+            return socket.create_connection(("127.0.0.1", port), timeout=5)
+        except ConnectionRefusedError:
+            return None
+
+    def heartbeat(sock: socket.socket, corr: int) -> list[bytes]:
+        try:
+            sock.sendall(request_frame(12, 0, corr))
+            return recv_frames(sock, 1)
+        except OSError:  # reset
+            return []
+
+    def until(check: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + 10
+        while not check():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.05)
+
+    config = proxy_config(broker.port, tmp_path, advertise="127.0.0.1", io=io)
+    with ProxyThread(config) as running:
+        with socket.create_connection(("127.0.0.1", running.proxy.listen_port)) as s:
+            s.sendall(request_frame(3, 9, 1))
+            recv_frames(s, 1)
+        node_port = running.proxy.node_ports[7]
+        broker.close()  # the broker is down: its port refuses connections
+        first = connect(node_port)
+        assert first is not None  # the listener cannot know yet
+        with first:
+            assert heartbeat(first, 2) == []  # accepted, then cut off: the broker refused the proxy
+        until(lambda: connect(node_port) is None, "the listener never refused")
+        assert running.proxy.metrics.upstream_failures >= 1
+        broker = FakeBroker(answer, port=address[0])  # back on its port
+        try:
+
+            def served() -> bool:
+                sock = connect(node_port)
+                if sock is None:
+                    return False
+                with sock:
+                    return len(heartbeat(sock, 3)) == 1
+
+            until(served, "the listener never reopened")
+        finally:
+            broker.close()
 
 
 def test_io_mode_follows_tls_and_rules(tmp_path: Path) -> None:

@@ -1,0 +1,123 @@
+"""The checks of ``tests/proxy_sides.py`` find what they are meant to find (no broker needed).
+
+``test_proxy_real_cluster`` relies on them passing on a real run; these make sure they fail
+on a pair that was not forwarded faithfully, so a pass there means something.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy_sides import compare_pair, compare_rows, pair_streams, unread_requests
+
+from decoder import message_codec as mc
+from decoder import protocol
+from proxy.streams import CapturedStream
+
+PROXY, BROKER = ("127.0.5.100", 9101), ("127.0.5.2", 9092)
+
+
+def request(key: int, version: int, corr: int) -> bytes:
+    header = {"RequestApiKey": key, "RequestApiVersion": version, "CorrelationId": corr}
+    if protocol.request_header_version(key, version) >= 1:
+        header["ClientId"] = "sides"
+    return mc.encode_frame("request", key, version, header, mc.default_tree("request", key, version))
+
+
+def metadata_response(corr: int, host: str, port: int) -> bytes:
+    body = mc.default_tree("response", 3, 12)
+    body["Brokers"] = [{"NodeId": 1, "Host": host, "Port": port, "Rack": None}]
+    return mc.encode_frame("response", 3, 12, {"CorrelationId": corr}, body)
+
+
+def heartbeat_response(corr: int) -> bytes:
+    return mc.encode_frame("response", 12, 4, {"CorrelationId": corr}, mc.default_tree("response", 12, 4))
+
+
+def stream(server: tuple[str, int], sent: bytes, got: bytes, opened: int, how: str = "fin") -> CapturedStream:
+    s = CapturedStream(("127.0.0.1", 40000 + opened), server, True, opened_ns=opened, how=how)
+    s.data[0].extend(sent)
+    s.data[1].extend(got)
+    return s
+
+
+SENT = request(3, 12, 1) + request(12, 4, 2)
+
+
+def compared(near_got: bytes, far_got: bytes, how: str = "fin") -> list[str]:
+    near = stream(PROXY, SENT, near_got, 1, how)
+    far = stream(BROKER, SENT, far_got, 2, how)
+    [pair], _, _ = pair_streams([near], [far], lambda listener: {BROKER})
+    return compare_pair(pair, lambda node: PROXY, lambda node: BROKER).problems
+
+
+def test_a_faithful_pair_passes() -> None:
+    near = metadata_response(1, *PROXY) + heartbeat_response(2)
+    far = metadata_response(1, *BROKER) + heartbeat_response(2)
+    assert compared(near, far) == []
+
+
+def test_a_changed_byte_an_unmapped_address_and_a_lost_response_are_found() -> None:
+    far = metadata_response(1, *BROKER) + heartbeat_response(2)
+    flipped = bytearray(metadata_response(1, *PROXY) + heartbeat_response(2))
+    flipped[-1] ^= 1
+    assert any("changed on the way" in p for p in compared(bytes(flipped), far))
+    wrong_port = metadata_response(1, PROXY[0], 9999) + heartbeat_response(2)
+    assert any("shown to the client" in p for p in compared(wrong_port, far))
+    unrewritten = metadata_response(1, *BROKER) + heartbeat_response(2)
+    assert any("shown to the client" in p for p in compared(unrewritten, far))
+    assert any("never reached the client" in p for p in compared(metadata_response(1, *PROXY), far))
+    # ... which a reset excuses
+    assert compared(metadata_response(1, *PROXY), far, how="rst") == []
+
+
+def test_pairing_needs_the_same_request_bytes_and_a_route() -> None:
+    near = stream(PROXY, SENT, b"", 10)
+    other = stream(BROKER, request(3, 12, 7), b"", 11)
+    assert pair_streams([near], [other], lambda listener: {BROKER})[0] == []
+    same = stream(BROKER, SENT, b"", 12)
+    assert pair_streams([near], [same], lambda listener: set())[0] == []  # not a broker of that listener
+    assert pair_streams([near], [same], lambda listener: {BROKER}, window_ns=1)[0] == []  # too late
+    prefix = stream(BROKER, SENT[:10], b"", 12)
+    assert len(pair_streams([near], [prefix], lambda listener: {BROKER})[0]) == 1
+
+
+def row(port: int, corr: int, **fields: Any) -> dict[str, Any]:
+    return {
+        "client_port": port,
+        "correlation_id": corr,
+        "api_key": 0,
+        "api_name": "Produce",
+        "status": "ok",
+        "error_code": None,
+        "partition_errors": [{"topic": "t", "partition": 0, "error_code": 0}],
+        "broker_ip": BROKER[0],
+        "broker_port": BROKER[1],
+        "request_time": 1_000_000,
+        "response_time": 1_001_000,
+        **fields,
+    }
+
+
+def test_rows_must_agree_but_for_what_differs_by_nature() -> None:
+    routes = lambda port: {BROKER}  # noqa: E731
+    decoded = [row(5, 1, broker_ip=PROXY[0], broker_port=PROXY[1], source="near.pcap")]
+    assert compare_rows([row(5, 1, source="proxy:x")], decoded, routes).problems == []
+    wrong = row(5, 1, partition_errors=[{"topic": "t", "partition": 0, "error_code": 6}])
+    assert compare_rows([wrong], decoded, routes).problems
+    late = row(5, 1, request_time=3_000_000)
+    assert compare_rows([late], decoded, routes).problems  # 2 s apart
+    missing = row(5, 2, status="unanswered", response_time=None)
+    assert compare_rows([row(5, 1)], [*decoded, missing], routes).problems
+    # ... unless the proxy never read that request
+    produce = mc.encode_frame(
+        "request",
+        0,
+        9,
+        {"RequestApiKey": 0, "RequestApiVersion": 9, "CorrelationId": 2, "ClientId": "c"},
+        mc.default_tree("request", 0, 9),
+    )
+    first = request(12, 4, 1)
+    assert unread_requests(first + produce, len(first)) == {(2, 0)}
+    report = compare_rows([row(5, 1)], [*decoded, missing], routes, unread={5: {(2, 0)}})
+    assert report.problems == [] and len(report.unread[5]) == 1
