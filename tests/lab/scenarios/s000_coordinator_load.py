@@ -32,19 +32,18 @@ from typing import Any
 from lab.cluster import ZkCluster
 from lab.run import LabRun
 from lab.scenarios import addresses
-from lab.scenarios.s000_old_broker import confine_capture
 
 NAME = "000-coordinator-load"
 DESCRIPTION = (
     "Kafka 2.8.2 (ZooKeeper, 3 brokers): a 4-client consumer group's coordinator restarts over a "
-    "__consumer_offsets partition filled with 400k offset commits"
+    "__consumer_offsets partition filled with 1M offset commits"
 )
 KAFKA = "2.8"
 TOPIC = "orders"
 PARTITIONS = 6
 GROUP = "loaders"
 FILL_TOPIC = "fill"
-FILL_GROUPS = 4000
+FILL_GROUPS = 10000
 FILL_PARTITIONS = 100
 #: Fill requests in flight at once (each commits FILL_PARTITIONS offsets for one group).
 FILL_WINDOW = 500
@@ -152,7 +151,6 @@ def run(out_dir: Path, work_dir: Path) -> dict[str, Any]:
                 back = offsets_leader(cluster)
             run.mark("offsets_leader", node=back)
             run.wait_clients()
-            confine_capture(run)
             return run.finish(
                 out_dir,
                 extra={

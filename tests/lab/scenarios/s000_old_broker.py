@@ -32,10 +32,7 @@ exception" with its cause), and the broker's sockets (``ss``) left in CLOSE-WAIT
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import shutil
-import struct
 import subprocess
 import threading
 import time
@@ -46,7 +43,7 @@ from typing import Any
 
 from lab.cluster import ZkCluster
 from lab.run import LabRun
-from lab.scenarios import DEFAULT_NET, NET_ENV, addresses
+from lab.scenarios import addresses
 from lab.truth import broker_errors
 
 NAME = "000-old-broker"
@@ -112,53 +109,6 @@ CLIENTS: dict[str, Client] = {
     "rdkafka-default-b": Client("confluent-kafka", 2, True, 20, 1.0),
     "java-4.1.1": Client("java-4.1.1", 2, True, 20, 1.0),
 }
-
-
-def lab_net() -> str:
-    """The /24 this run's nodes live in (``$KWIRE_LAB_NET``)."""
-    return os.environ.get(NET_ENV, DEFAULT_NET)
-
-
-# ------------------------------------------------------------------------- capture
-
-
-def _pcap_records(path: Path) -> int:
-    """Packets in a classic pcap file (tcpdump -w output)."""
-    with path.open("rb") as f:
-        header = f.read(24)
-        if len(header) < 24:
-            return 0
-        endian = "<" if header[:4] in (b"\xd4\xc3\xb2\xa1", b"\x4d\x3c\xb2\xa1") else ">"
-        count = 0
-        while True:
-            rec = f.read(16)
-            if len(rec) < 16:
-                return count
-            (incl,) = struct.unpack(endian + "I", rec[8:12])
-            f.seek(incl, os.SEEK_CUR)
-            count += 1
-
-
-def confine_capture(run: LabRun, net: str | None = None, timeout: float = 120.0) -> None:
-    """Stop the run's tcpdump and keep only packets to or from ``net``.0/24.
-
-    LabRun captures every loopback packet on the Kafka ports, so another lab run on this
-    machine (another ``$KWIRE_LAB_NET``, same ports) would end up in this capture. Call it
-    after the clients are done and before ``finish``; ``finish`` then gzips the confined file.
-    """
-    net = net or lab_net()
-    run.tcpdump.stop()
-    raw = run.work_dir / "capture.pcap"
-    kept = run.work_dir / "capture.confined.pcap"
-    binary = shutil.which("tcpdump") or "/usr/bin/tcpdump"
-    cmd = [binary, "-r", str(raw), "-w", str(kept)]
-    if os.geteuid() == 0:
-        cmd += ["-Z", "root"]
-    cmd.append(f"net {net}.0/24")
-    subprocess.run(cmd, check=True, capture_output=True, timeout=timeout)
-    kept.replace(raw)
-    run.tcpdump.packets = _pcap_records(raw)
-    run.mark("capture_confined", net=f"{net}.0/24", packets=run.tcpdump.packets)
 
 
 # ------------------------------------------------------------------------- broker sockets
@@ -315,18 +265,19 @@ def run(out_dir: Path, work_dir: Path) -> dict[str, Any]:
         cluster.create_topic(TOPIC, partitions=PARTITIONS, rf=1)
         with OldBrokerRun(NAME, cluster, work_dir / "run") as run:
             watch = SocketWatch(cluster.broker_ip(1), cluster.port).start()
-            t0 = time.monotonic()
-            storms = []
-            for wave, at in sorted(WAVES.items()):
-                time.sleep(max(0.0, t0 + at - time.monotonic()))
-                if wave == 0:
-                    for cid in (c for c, spec in CLIENTS.items() if spec.wave == 0):
-                        _start(run, cid, 0.0)
-                else:
-                    storms.append(_storm(cluster, run, watch, wave, t0))
-            run.wait_clients()
-            sockets = watch.stop()
-            confine_capture(run)
+            try:
+                t0 = time.monotonic()
+                storms = []
+                for wave, at in sorted(WAVES.items()):
+                    time.sleep(max(0.0, t0 + at - time.monotonic()))
+                    if wave == 0:
+                        for cid in (c for c, spec in CLIENTS.items() if spec.wave == 0):
+                            _start(run, cid, 0.0)
+                    else:
+                        storms.append(_storm(cluster, run, watch, wave, t0))
+                run.wait_clients()
+            finally:
+                sockets = watch.stop()
             errors = error_summary(cluster.log_path(1), run.started - 1)
             clients = {
                 cid: {"driver": c.driver, "wave": c.wave, "probe": c.probe, "props": c.props}
