@@ -12,8 +12,9 @@ and by ``decode_captures`` (the function behind ``kwire decode``), and compared 
   every ``partition_errors[].error_code``, as multisets.
 * Where one side flags a frame as malformed and the other does not, the frame's bytes go to a
   third decoder, ``kio`` (generated from Kafka's own schemas): the test passes only if kio
-  sides with kwire; legacy message sets (inside Produce v0-2), which kio keeps opaque, are
-  checked by their CRC instead. The known cases are tshark 4.0 bugs, listed in ``TSHARK_BUGS``.
+  sides with kwire; legacy message sets (inside Produce v0-2 and Fetch v0-3 responses), which kio
+  keeps opaque or lacks, are checked by their CRC instead, and Kafka 0.9's UpdateMetadata v1 by a
+  hand reading to its end. The known cases are tshark 4.0 bugs, listed in ``TSHARK_BUGS``.
 * Frames kwire decodes and tshark does not (a version or api key tshark 4.0 lacks, or a
   response to such a request) are counted by (api, version) and printed; for the bundled and
   public captures the counts are asserted exactly.
@@ -28,6 +29,7 @@ from __future__ import annotations
 import bisect
 import importlib
 import os
+import re
 import shutil
 import signal
 import struct
@@ -164,6 +166,8 @@ def _packet_pdus(packet: ElementTree.Element, frames: list[bytes]) -> list[Tshar
             stream = int(_show(proto, "tcp.stream") or 0)
             data = proto.find(".//field[@name='tcp.reassembled.data']")
             reassembled = bytes.fromhex(data.get("value") or "") if data is not None else b""
+            if not reassembled:
+                reassembled = _segments_bytes(packet.find(".//field[@name='tcp.segments']"), frames)
         elif name == "kafka":
             pdu = TsharkPdu(frame, ts_us, stream, src, dst, request=False)
             _read_kafka(proto, pdu)
@@ -200,13 +204,39 @@ def _read_kafka(proto: ElementTree.Element, pdu: TsharkPdu) -> None:
             pdu.problems.append(name)
 
 
+_SEGMENT = re.compile(r"#(\d+)\((\d+)\)")
+
+
+def _tcp_payload(frame: bytes) -> bytes:
+    """The TCP payload of an Ethernet frame (tcpdump's link type on lo), read with dpkt."""
+    ip = dpkt.ethernet.Ethernet(frame).data
+    return bytes(ip.data.data) if isinstance(ip, dpkt.ip.IP | dpkt.ip6.IP6) else b""
+
+
+def _segments_bytes(segments: ElementTree.Element | None, frames: list[bytes]) -> bytes:
+    """A reassembled PDU rebuilt from the frames tshark names in "Reassembled TCP Segments:
+    #183(16), #185(12), ..." when its PDML leaves out the reassembled bytes: the first segment's
+    bytes end its frame's payload, the last one's start it, the ones between fill theirs."""
+    if segments is None:
+        return b""
+    parts = [(int(n), int(size)) for n, size in _SEGMENT.findall(segments.get("showname") or "")]
+    out = []
+    for i, (number, size) in enumerate(parts):
+        payload = _tcp_payload(frames[number - 1])
+        out.append(payload[len(payload) - size :] if i == 0 else payload[:size])
+    return b"".join(out)
+
+
 def _pdu_bytes(proto: ElementTree.Element, frame: bytes, reassembled: bytes) -> bytes | None:
     """The PDU's bytes: in the frame, or in tshark's reassembled buffer when it spans segments."""
     length = proto.find("field[@name='kafka.len']")
     if length is None:
         return None
-    pos, size = int(proto.get("pos") or 0), int(proto.get("size") or 0)
+    pos = int(proto.get("pos") or 0)
     prefix = bytes.fromhex(length.get("value") or "")
+    # the PDU's own length, not the element's size: tshark cuts the element short where its
+    # dissector threw (a "malformed packet"), and those are the frames a third opinion must see whole
+    size = 4 + int.from_bytes(prefix, "big") if len(prefix) == 4 else int(proto.get("size") or 0)
     for source in (frame, reassembled):
         if source[pos : pos + 4] == prefix and pos + size <= len(source):
             return source[pos : pos + size]
@@ -357,10 +387,65 @@ def legacy_produce_ok(data: bytes) -> bool:
         return False
 
 
-def _message_set_ok(data: bytes, pos: int, end: int) -> bool:
+def legacy_fetch_ok(data: bytes, version: int) -> bool:
+    """A Fetch v0-3 response (legacy message sets; kio lacks v0-3), read by hand like
+    :func:`legacy_produce_ok`; a partial message at the end of a partition's set is allowed,
+    as the broker cuts sets at the fetch size."""
+    try:
+        pos = 8 + (4 if version >= 1 else 0)  # length, correlation id, throttle time
+        (topics,) = struct.unpack_from(">i", data, pos)
+        pos += 4
+        for _ in range(topics):
+            (name,) = struct.unpack_from(">h", data, pos)
+            pos += 2 + name
+            (partitions,) = struct.unpack_from(">i", data, pos)
+            pos += 4
+            for _ in range(partitions):
+                (size,) = struct.unpack_from(">i", data, pos + 14)  # partition, error, high watermark
+                pos += 18
+                if not _message_set_ok(data, pos, pos + size, partial_tail=True):
+                    return False
+                pos += size
+        return pos == len(data)
+    except struct.error:
+        return False
+
+
+def legacy_update_metadata_ok(data: bytes) -> bool:
+    """An UpdateMetadata v1 request (inter-broker, Kafka 0.9; kio lacks it), read by hand to its end."""
+    try:
+        (client_id,) = struct.unpack_from(">h", data, 12)
+        pos = 14 + max(client_id, 0) + 8  # controller id, controller epoch
+        (states,) = struct.unpack_from(">i", data, pos)
+        pos += 4
+        for _ in range(states):
+            (name,) = struct.unpack_from(">h", data, pos)
+            pos += 2 + name + 16  # partition, controller epoch, leader, leader epoch
+            (isr,) = struct.unpack_from(">i", data, pos)
+            pos += 4 + 4 * isr + 4  # isr, zk version
+            (replicas,) = struct.unpack_from(">i", data, pos)
+            pos += 4 + 4 * replicas
+        (brokers,) = struct.unpack_from(">i", data, pos)
+        pos += 4
+        for _ in range(brokers):
+            (endpoints,) = struct.unpack_from(">i", data, pos + 4)
+            pos += 8
+            for _ in range(endpoints):
+                (host,) = struct.unpack_from(">h", data, pos + 4)
+                pos += 6 + host + 2  # port, host, security protocol
+        return pos == len(data)
+    except struct.error:
+        return False
+
+
+def _message_set_ok(data: bytes, pos: int, end: int, *, partial_tail: bool = False) -> bool:
     while pos < end:
+        if partial_tail and pos + 12 > end:
+            return True
         size, crc, magic = struct.unpack_from(">iIb", data, pos + 8)
         stop = pos + 12 + size
+        if partial_tail and stop > end:
+            return True
         if magic not in (0, 1) or stop > end or zlib.crc32(data[pos + 16 : stop]) != crc:
             return False
         at = pos + 18 + (8 if magic == 1 else 0)
@@ -379,12 +464,21 @@ def well_formed(pdu: TsharkPdu) -> bool | None:
         return None
     if pdu.request and pdu.api_key == 0 and pdu.api_version <= 2:
         return legacy_produce_ok(pdu.data)
+    if not pdu.request and pdu.api_key == 1 and pdu.api_version <= 3:
+        return legacy_fetch_ok(pdu.data, pdu.api_version)
+    if pdu.request and pdu.api_key == 6 and pdu.api_version == 1:
+        return legacy_update_metadata_ok(pdu.data)
     return kio_parses(pdu.data, pdu.request, pdu.api_key, pdu.api_version)
 
 
 #: tshark 4.0 bugs: frames it reports broken that kio (or, for Produce v0-2, the hand parser above)
 #: reads exactly, so they are well-formed. Keyed by api key; each entry lists the versions seen.
 TSHARK_BUGS = {
+    1: (
+        "Fetch v0-3 response: tshark reads a magic-0 message as if it had magic 1's timestamp "
+        "('malformed packet'); the messages pass their CRC and fill their sizes exactly"
+    ),
+    6: ("UpdateMetadata v1 (Kafka 0.9's controller): tshark 4.0 misreads it; read by hand to its end"),
     11: (
         "JoinGroup v0-v5: tshark misreads the length of the protocol/member metadata (a bytes field), "
         "shows it <MISSING> and loses its place: 'Dissected message does not end at the pdu length offset'"
@@ -400,6 +494,10 @@ TSHARK_BUGS = {
 def tshark_bug(pdu: TsharkPdu) -> str | None:
     """Why tshark is wrong about this frame, if it is one of the known bugs."""
     if pdu.api_key == 0 and not (pdu.request and (pdu.api_version or 0) <= 2):
+        return None
+    if pdu.api_key == 1 and (pdu.request or (pdu.api_version or 0) > 3):
+        return None
+    if pdu.api_key == 6 and not (pdu.request and pdu.api_version == 1):
         return None
     return TSHARK_BUGS.get(pdu.api_key)  # type: ignore[arg-type]
 

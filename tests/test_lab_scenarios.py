@@ -90,12 +90,14 @@ def test_committed_capture_matches_manifest_and_truth(name: str) -> None:
     assert decoded.result.summary.statuses.get("malformed", 0) == 0
     # every broker of the truth answered on its own address, and nothing else did on the broker port
     assert decoded.broker_ips() == {b["ip"] for b in truth["brokers"].values()}
-    # every client that sent something is in the capture under its own client id
+    # every client that got a message acked is in the capture under its own client id (one that
+    # handed messages to its library but never got metadata, as against the 0.9 broker, may
+    # never have sent a Produce at all)
     producers = decoded.client_ids("Produce")
     for client_id, client in truth["clients"].items():
         assert client["sent"] == client["acked"] + client["failed"] + client["unresolved"], client_id
-        if client["sent"]:
-            assert producers[client_id] > 0, f"{client_id} sent {client['sent']} messages, no Produce seen"
+        if client["acked"]:
+            assert producers[client_id] > 0, f"{client_id} got {client['acked']} acks, no Produce seen"
 
 
 def test_001_frozen_then_killed_broker_on_the_wire() -> None:
