@@ -56,6 +56,9 @@ def test_audit_flags_produce_v2_for_4_0(spark, old_clients):  # noqa: F811
     assert [(v["client_id"], v["api_name"], v["api_version"], v["reason"]) for v in doc["violations"]] == [
         ("legacy-producer", "Produce", 2, "advertised_but_rejected")
     ]
+    assert [(f["kind"], f["severity"], f["client_id"]) for f in doc["findings"]] == [
+        ("unsupported_version", "critical", "legacy-producer")
+    ]
 
 
 def test_audit_flags_api_versions_for_0_9(spark, old_clients):  # noqa: F811
