@@ -4,18 +4,40 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-__all__ = ["proxy"]
+__all__ = ["METRICS_TOKEN_ENV", "proxy"]
+
+#: Environment variable holding the metrics bearer token (when no --metrics-token-file is given).
+METRICS_TOKEN_ENV = "KWIRE_METRICS_TOKEN"
 
 
 def _fail(message: str) -> None:
     print(f"kwire proxy: {message}", file=sys.stderr)
     raise typer.Exit(2)
+
+
+def _metrics_token(path: Path | None) -> str | None:
+    """The metrics token: from ``path`` if given, else from the environment; None for none."""
+    if path is None:
+        token = os.environ.get(METRICS_TOKEN_ENV, "").strip()
+        return token or None
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        _fail(f"--metrics-token-file {path}: {exc}")
+    if not token or any(c.isspace() or not c.isprintable() for c in token):
+        _fail(f"--metrics-token-file {path}: the token must be one word of printable characters")
+    if path.stat().st_mode & 0o077:
+        logging.getLogger("kwire.proxy").warning(
+            "--metrics-token-file %s can be read by other users (chmod 600 it)", path
+        )
+    return token
 
 
 def proxy(
@@ -69,6 +91,23 @@ def proxy(
     seed: Annotated[int | None, typer.Option(help="random seed for rule rates")] = None,
     metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus metrics on this port")] = None,
     metrics_host: Annotated[str, typer.Option(help="address the metrics endpoint binds")] = "127.0.0.1",
+    metrics_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="file holding a token /metrics then asks for (Authorization: Bearer TOKEN); "
+            f"or set {METRICS_TOKEN_ENV} (never pass a token on the command line: ps shows it)"
+        ),
+    ] = None,
+    metrics_client_ids: Annotated[
+        int, typer.Option(help="client ids shown in the metrics (the busiest); the rest count as 'other'")
+    ] = 50,
+    header_timeout_s: Annotated[
+        float,
+        typer.Option(
+            help="close a connection whose request header (or first request) is not complete this many "
+            "seconds after it began (an idle connection, or one waiting for a response, is never closed); 0: off"
+        ),
+    ] = 30.0,
     io: Annotated[
         str,
         typer.Option(
@@ -96,6 +135,11 @@ def proxy(
         _fail(f"--metrics-port {metrics_port}: the port must be a number from 0 to 65535")
     if bool(tls_cert) != bool(tls_key):
         _fail("--tls-cert and --tls-key go together")
+    if metrics_client_ids < 0:
+        _fail(f"--metrics-client-ids {metrics_client_ids}: must be 0 or more")
+    if header_timeout_s < 0:
+        _fail(f"--header-timeout-s {header_timeout_s}: must be 0 (off) or more")
+    metrics_token = _metrics_token(metrics_token_file)
     try:
         fault_rules = [parse_rule(text) for text in inject or []]
         if rules is not None:
@@ -121,6 +165,9 @@ def proxy(
         seed=seed,
         metrics_port=metrics_port,
         metrics_host=metrics_host,
+        metrics_client_ids=metrics_client_ids,
+        metrics_token=metrics_token,
+        header_timeout=header_timeout_s or None,
         io=io,
     )
     try:

@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from proxy import tls
+from proxy import outdir, tls
 from proxy.inject import Rule, RuleSet
-from proxy.metrics import Metrics, serve_metrics
+from proxy.metrics import DEFAULT_CLIENT_IDS, Metrics, serve_metrics
 from proxy.recorder import Recorder
 from proxy.session import ClientProtocol, Session
 from proxy.threaded import serve_listener
@@ -53,6 +53,8 @@ log = logging.getLogger("kwire.proxy")
 
 #: How often a closed broker listener checks whether its broker accepts connections again.
 REFUSED_PROBE_SECONDS = 0.2
+#: Default ``ProxyConfig.header_timeout`` (``--header-timeout-s``).
+HEADER_TIMEOUT_SECONDS = 30.0
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -118,8 +120,13 @@ class ProxyConfig:
     seed: int | None = None
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    metrics_client_ids: int = DEFAULT_CLIENT_IDS  # client ids shown in the metrics, the rest as other
+    metrics_token: str | None = None  # bearer token /metrics asks for (None: open)
     connect_timeout: float = 10.0
     io: str = "auto"
+    #: A request header begun (or, on a new connection, the first one) must be complete within
+    #: this many seconds, else the connection is closed (counted). None or 0: no limit.
+    header_timeout: float | None = HEADER_TIMEOUT_SECONDS
 
     def threaded(self) -> bool:
         """Whether connections are forwarded on threads; ValueError if ``io`` cannot be honoured."""
@@ -140,7 +147,7 @@ class Proxy:
         host, port = config.listen
         self.source = f"proxy:{host}:{port}"
         self.run_id = f"{int(time.time()):x}{os.getpid() & 0xFFFF:04x}"
-        self.metrics = Metrics()
+        self.metrics = Metrics(config.metrics_client_ids)
         self.rules = RuleSet(config.rules, seed=config.seed)
         self.recorder = Recorder(
             config.out_dir,
@@ -170,6 +177,8 @@ class Proxy:
         self.threads: set[threading.Thread] = set()  # threaded: one per open client connection
         self._nodes_lock = threading.Lock()
         self._metrics_server: asyncio.AbstractServer | None = None
+        self._header_sweeper: asyncio.Task[None] | None = None
+        self._out_claim: int | None = None  # the lock held on the output directory
         self._session_keys = 0
         self.stopping = False  # set once: stop accepting
         self.listen_port = port
@@ -190,17 +199,32 @@ class Proxy:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         host, port = self.config.listen
+        if self.config.out_dir is not None:
+            self._out_claim, removed = outdir.claim(Path(self.config.out_dir))
+            if removed:
+                log.info(
+                    "removed %s unfinished file(s) a killed proxy left in %s",
+                    len(removed),
+                    self.config.out_dir,
+                )
         try:
             await self._listen(host, port)
         except OSError as exc:  # the OS's message does not name the address
+            self._release_out_dir()
             raise OSError(f"cannot listen on {host}:{port}: {_os_reason(exc)}") from exc
         if port == 0:
             self.source = f"proxy:{host}:{self.listen_port}"
         self.recorder.start()
+        if self.config.header_timeout:
+            self._header_sweeper = asyncio.get_running_loop().create_task(
+                self._sweep_headers(self.config.header_timeout), name="kwire-header-timeouts"
+            )
         if self.config.metrics_port is not None:
             metrics_host, metrics_port = self.config.metrics_host, self.config.metrics_port
             try:
-                self._metrics_server = await serve_metrics(self.metrics, metrics_host, metrics_port)
+                self._metrics_server = await serve_metrics(
+                    self.metrics, metrics_host, metrics_port, self.config.metrics_token
+                )
             except OSError as exc:
                 raise OSError(
                     f"cannot serve metrics on {metrics_host}:{metrics_port}: {_os_reason(exc)}"
@@ -387,6 +411,31 @@ class Proxy:
             break
         self._refusing.discard(node_id)
 
+    # ---- connections that never finish a request header ------------------------------
+
+    async def _sweep_headers(self, timeout: float) -> None:
+        """Close connections whose request header is overdue (``Session.header_expired``),
+        checking every quarter of the timeout: one is closed 1 to 1.25 timeouts after its
+        header began. A session of either I/O path can be closed from here (the loop)."""
+        period = min(max(timeout / 4, 0.05), 5.0)
+        while not self.stopping:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            expired = [session for session in list(self.sessions) if session.header_expired(now)]
+            for session in expired:
+                try:
+                    session.abort("rst")
+                except Exception:  # one connection's trouble must not end the sweeps
+                    log.exception("closing client %s:%s failed", *session.client_addr)
+            if expired:
+                self.metrics.add("header_timeouts", len(expired))
+                log.warning(
+                    "closed %s connection(s) that left a request header unfinished for %s s (e.g. %s:%s)",
+                    len(expired),
+                    timeout,
+                    *expired[0].client_addr,
+                )
+
     # ---- lifecycle --------------------------------------------------------------------
 
     async def stop(self) -> None:
@@ -402,12 +451,20 @@ class Proxy:
             sock.close()
         if self._metrics_server is not None:
             self._metrics_server.close()
+        if self._header_sweeper is not None:
+            self._header_sweeper.cancel()
         for session in list(self.sessions):
             session.abort("open_at_end")
         await asyncio.sleep(0)
         if self.threads:
             await asyncio.to_thread(self._join_threads, 5.0)
         await self.recorder.stop()
+        self._release_out_dir()
+
+    def _release_out_dir(self) -> None:
+        if self._out_claim is not None:
+            os.close(self._out_claim)  # the lock on the output directory goes with it
+            self._out_claim = None
 
     def _join_threads(self, timeout: float) -> None:
         """Wait (at most ``timeout`` in all) for the connection threads to wind up."""

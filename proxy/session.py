@@ -184,6 +184,11 @@ class Session:
         self.c_hold_head: RequestHead | None = None
         self.c_blind = False
         self.c_first = True  # no client frame seen yet
+        #: When the request header begun (or, before the first frame, the connection) must be
+        #: complete (``time.monotonic``); 0 while no header is pending. ``Proxy`` closes the
+        #: connection once it passes (``header_expired``).
+        self.header_timeout = proxy.config.header_timeout or 0.0
+        self.header_due = time.monotonic() + self.header_timeout if self.header_timeout else 0.0
         self.c_pause: set[str] = set()
         # broker -> client
         self.b_frame_left = 0
@@ -294,6 +299,8 @@ class Session:
             self.c_pause.discard(reason)
         now = bool(self.c_pause)
         if now != was:
+            if not now and self.header_due:  # the client could not send while we did not read
+                self.header_due = time.monotonic() + self.header_timeout
             try:
                 if now:
                     self.cl.pause_reading()
@@ -453,8 +460,10 @@ class Session:
                         up.write(memoryview(data)[span:pos])
                     self.c_head += data[pos:]
                     pos = span = n
+                    self._header_begun()
                     continue
                 if token >= 0:  # a SASL token: forwarded by its length, never read
+                    self.header_due = 0.0
                     held = bytes(self.c_head)
                     self.c_head.clear()
                     if held:
@@ -471,7 +480,10 @@ class Session:
                     up.write(memoryview(data)[span:pos])
                 self.c_head += data[pos:]
                 pos = span = n
+                self._header_begun()
                 continue
+            if self.header_due:
+                self.header_due = 0.0
             hold = self._request_head(head)
             held = bytes(self.c_head)
             self.c_head.clear()
@@ -489,11 +501,24 @@ class Session:
         if span < n:
             up.write(data if span == 0 else memoryview(data)[span:])
 
+    def _header_begun(self) -> None:
+        """Part of a request header (or a SASL token's length) is here: start its clock."""
+        if self.header_timeout and not self.header_due:
+            self.header_due = time.monotonic() + self.header_timeout
+
+    def header_expired(self, now: float) -> bool:
+        """Whether the header begun is overdue (any thread). Never while the proxy itself is
+        not reading the client (connecting upstream, backpressure, a latency rule): the clock
+        starts again when reading resumes."""
+        due = self.header_due
+        return bool(due) and now >= due and not self.closed and self.up is not None and not self.c_pause
+
     def _go_blind_client(self, data: Any, span: int, pos: int) -> None:
         log.warning(
             "client %s:%s: request stream does not look like Kafka; forwarding blindly", *self.client_addr
         )
         self.c_blind = True
+        self.header_due = 0.0  # not Kafka: no header to wait for
         if self.c_head:
             self.up.write(bytes(self.c_head))
             self.c_head.clear()
