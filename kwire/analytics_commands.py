@@ -133,14 +133,6 @@ def analyze(
         Path | None, typer.Option(help="broker_api_versions.json [default: shared copy, else bundled table]")
     ] = None,
     top: Annotated[int, typer.Option(help="rows per headline table")] = 10,
-    combine_runs: Annotated[
-        bool,
-        typer.Option(
-            "--combine-runs",
-            help="analyse all sources (capture files, proxies) as one run; by default each is its "
-            "own, and a client id seen in two runs is two clients",
-        ),
-    ] = False,
     tables: Annotated[
         bool, typer.Option("--tables", help="print every result table, not only those behind the findings")
     ] = False,
@@ -167,15 +159,7 @@ def analyze(
     start = time.perf_counter()
     spark = build_session(master, "kwire-analyze")
     with console.status("running Spark jobs..."):
-        analyse(
-            spark,
-            dataset,
-            out,
-            jobs=names,
-            versions=versions,
-            target_releases=releases,
-            combined=combine_runs,
-        )
+        analyse(spark, dataset, out, jobs=names, versions=versions, target_releases=releases)
     results = report.load_results(out)
     found = report.findings(results)
     html_path = report.write_html(out / "report.html", results, found, dataset=str(dataset))
