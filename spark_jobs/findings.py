@@ -234,6 +234,68 @@ def old_broker_dropped(results: dict[str, Rows]) -> Iterator[Finding]:
 
 
 @rule
+def broker_unreachable(results: dict[str, Rows]) -> Iterator[Finding]:
+    for r in results.get("outages", []):
+        refused, closed = r.get("connections_refused") or 0, r.get("connections_closed") or 0
+        unanswered = r.get("requests_unanswered") or 0
+        how = {
+            "frozen": "stopped answering while its connections stayed open",
+            "dead": "closed its connections and refused new ones",
+            "frozen_then_dead": "stopped answering with its connections open, then closed them and refused new ones",
+            "unreachable": "never answered new connections",
+        }.get(r.get("kind") or "", "stopped answering")
+        span = f"for {r['duration_s']:.1f} s" if r.get("duration_s") is not None else "until the data ended"
+        broker = _about(r)["broker"]
+        yield Finding(
+            "critical",
+            "broker_unreachable",
+            f"broker {broker} {how} {span}: {_plural(unanswered, 'request')} left unanswered, "
+            f"{_plural(closed, 'connection')} closed by it, {_plural(refused, 'connection')} refused",
+            "Check the broker's process and host for that window (GC pauses, a stopped or killed process, "
+            "the network); clients fail over only after their request timeout.",
+            source=r.get("source"),
+            broker=broker,
+            first_time=r.get("start"),
+            last_time=r.get("end"),
+            count=unanswered,
+            evidence={
+                "kind": r.get("kind"),
+                "frozen_s": r.get("frozen_s"),
+                "clients": r.get("client_ids"),
+                "wire_cannot_show": "whether the process was paused, swapping or cut off by the network",
+            },
+        )
+
+
+@rule
+def old_broker_drops(results: dict[str, Rows]) -> Iterator[Finding]:
+    for r in results.get("old_broker_drops", []):
+        if r.get("cause") != "unsupported_apiversions":
+            continue
+        dropped = r.get("requests_dropped") or 0
+        broker = _about(r)["broker"]
+        yield Finding(
+            "critical",
+            "old_broker_dropped_requests",
+            f"broker {broker} dropped {_plural(dropped, 'request')} read with an "
+            f"ApiVersions it does not know, from {_names(list(r.get('client_ids') or []))}",
+            "A Kafka 0.9 broker stops dispatching every request read in the same poll as an unknown api key, "
+            "from any client: upgrade the broker, or pin clients to 0.9 (librdkafka api.version.request=false, "
+            "broker.version.fallback=0.9.0.1).",
+            source=r.get("source"),
+            broker=broker,
+            first_time=r.get("first_request"),
+            last_time=r.get("last_request"),
+            count=dropped,
+            evidence={
+                "apiversions_from": r.get("apiversions_client_ids"),
+                "connections_silent": r.get("connections_silent"),
+                "answered_again": r.get("answered_again"),
+            },
+        )
+
+
+@rule
 def unsupported(results: dict[str, Rows]) -> Iterator[Finding]:
     for r in results.get("unsupported_versions", []):
         if r.get("severity") != "error" or r.get("reason") in (

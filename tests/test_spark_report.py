@@ -101,3 +101,42 @@ def test_charts_scale_points_into_the_plot_area():
     assert y0 > y1  # larger values are higher up
     assert "no data" in line_chart({}, "empty", "ms")
     assert bar_chart([("x", 2.0, 4.0)], "b", "s").count("<rect") == 1
+
+
+def test_outage_and_old_broker_findings_name_the_broker_and_the_counts():
+    from spark_jobs.findings import build_findings
+
+    results = {
+        "outages": [
+            {
+                "source": "001.pcap",
+                "broker_ip": "127.0.0.3",
+                "broker_port": 9092,
+                "kind": "frozen_then_dead",
+                "start": T0,
+                "end": T0 + timedelta(seconds=34.6),
+                "duration_s": 34.6,
+                "frozen_s": 30.1,
+                "requests_unanswered": 218,
+                "connections_closed": 9,
+                "connections_refused": 17,
+                "client_ids": ["java-4.1.1-producer", "sarama-1.43.3-producer"],
+            }
+        ],
+        "old_broker_drops": [
+            {
+                "broker_ip": "127.0.0.2",
+                "broker_port": 9092,
+                "cause": "unsupported_apiversions",
+                "requests_dropped": 12,
+            },
+            {"broker_ip": "127.0.0.2", "broker_port": 9092, "cause": None, "requests_dropped": 5},
+        ],
+    }
+    found = build_findings(results)
+    assert [(f.kind, f.severity, f.broker, f.count) for f in found] == [
+        ("broker_unreachable", "critical", "127.0.0.3:9092", 218),
+        ("old_broker_dropped_requests", "critical", "127.0.0.2:9092", 12),
+    ]
+    assert "34.6 s" in found[0].summary and "17 connections refused" in found[0].summary
+    assert found[0].row()["evidence"].startswith("{")
