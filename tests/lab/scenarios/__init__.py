@@ -27,6 +27,7 @@ SCENARIOS: dict[str, str] = {
     "003-jbod-disk-failure": "s003_jbod_disk_failure",
     "004-acks1-loss": "s004_acks1_loss",
     "upgrade-audit": "s005_upgrade_audit",
+    "006-healthy": "s006_healthy",
 }
 
 
