@@ -25,8 +25,10 @@ Rules:
 - Zero-length ACKs open nothing and emit nothing. Data after a FIN is ignored. A connection closes on a
   RST, on FINs both ways once everything before them is delivered, after `idle_timeout_ns` without
   packets, when a fresh SYN reuses its 4-tuple (how='idle': its end was not captured), or at `finish`.
-  A closed connection is forgotten; its 4-tuple is remembered for `time_wait_ns` so that late packets
-  are dropped rather than taken for a new connection, while a new SYN starts one (a new conn_id).
+  `StreamStats.first_end` says which side sent the first FIN or RST, and when (a refused SYN is a
+  server RST with no SYN/ACK before it). A closed connection is forgotten; its 4-tuple is remembered
+  for `time_wait_ns` so that late packets are dropped rather than taken for a new connection, while a
+  new SYN starts one (a new conn_id).
 - Memory is bounded: at most `max_connections` connections (the oldest is closed as idle to make room),
   bounded out-of-order buffers, bounded tombstones.
 
@@ -47,6 +49,7 @@ from decoder.pcap import ACK, FIN, RST, SYN, TcpSegment
 __all__ = [
     "DirectionStats",
     "Event",
+    "FirstEnd",
     "ReassemblerStats",
     "StreamClosed",
     "StreamData",
@@ -75,6 +78,17 @@ class DirectionStats:
 
 
 @dataclass(frozen=True, slots=True)
+class FirstEnd:
+    """The first FIN or RST of a connection: which side sent it, and when. Who ended a connection
+    first is what tells a client giving up from a broker going away; what follows (the other
+    side's FIN, a RST to a late segment) is only the answer to it."""
+
+    direction: int  # 0: the client (the SYN's sender), 1: the server
+    flag: Literal["fin", "rst"]
+    ts_ns: int
+
+
+@dataclass(frozen=True, slots=True)
 class StreamStats:
     """Per-connection totals, in StreamClosed. `directions[0]` is client -> server."""
 
@@ -82,6 +96,7 @@ class StreamStats:
     first_ts_ns: int
     last_ts_ns: int
     syn_seen: bool  # roles come from the handshake (as in StreamOpened)
+    first_end: FirstEnd | None = None  # None: neither side sent FIN or RST in the capture
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +234,7 @@ class _Half:
 
 
 class _Conn:
-    __slots__ = ("client", "first_ts", "halves", "id", "last_ts", "server", "syn_seen")
+    __slots__ = ("client", "first_end", "first_ts", "halves", "id", "last_ts", "server", "syn_seen")
 
     def __init__(
         self, cid: int, client: tuple[str, int], server: tuple[str, int], ts: int, syn: bool
@@ -229,6 +244,7 @@ class _Conn:
         self.halves = (_Half(), _Half())
         self.first_ts = self.last_ts = ts
         self.syn_seen = syn
+        self.first_end: FirstEnd | None = None
 
     def flow_keys(self) -> tuple[tuple[str, int, str, int], tuple[str, int, str, int]]:
         c, s = self.client, self.server
@@ -382,7 +398,11 @@ class TcpReassembler:
             if end > h.off:
                 self._advance(conn, d, h, end, ts, out)
         stats = StreamStats(
-            (conn.halves[0].stats(), conn.halves[1].stats()), conn.first_ts, conn.last_ts, conn.syn_seen
+            (conn.halves[0].stats(), conn.halves[1].stats()),
+            conn.first_ts,
+            conn.last_ts,
+            conn.syn_seen,
+            conn.first_end,
         )
         out.append(StreamClosed(conn.id, ts, how, stats))
         del self._conns[conn.id]
@@ -417,6 +437,8 @@ class TcpReassembler:
         flags, ts, seq = seg.flags, seg.ts_ns, seg.seq
         if flags & RST:
             h.rst = True
+            if conn.first_end is None:
+                conn.first_end = FirstEnd(d, "rst", ts)
             self._close(conn, "rst", ts, out)
             return
         if flags & SYN:
@@ -437,6 +459,8 @@ class TcpReassembler:
         if payload:
             self._data(conn, d, h, seq, payload, ts, out)
         if flags & FIN:
+            if conn.first_end is None:
+                conn.first_end = FirstEnd(d, "fin", ts)
             if h.next_seq < 0:
                 h.start(seq)
             fin = h.offset((seq + len(payload)) & _M)

@@ -133,6 +133,14 @@ def analyze(
         Path | None, typer.Option(help="broker_api_versions.json [default: shared copy, else bundled table]")
     ] = None,
     top: Annotated[int, typer.Option(help="rows per headline table")] = 10,
+    combine_runs: Annotated[
+        bool,
+        typer.Option(
+            "--combine-runs",
+            help="analyse all sources (capture files, proxies) as one run; by default each is its "
+            "own, and a client id seen in two runs is two clients",
+        ),
+    ] = False,
     tables: Annotated[
         bool, typer.Option("--tables", help="print every result table, not only those behind the findings")
     ] = False,
@@ -159,7 +167,15 @@ def analyze(
     start = time.perf_counter()
     spark = build_session(master, "kwire-analyze")
     with console.status("running Spark jobs..."):
-        analyse(spark, dataset, out, jobs=names, versions=versions, target_releases=releases)
+        analyse(
+            spark,
+            dataset,
+            out,
+            jobs=names,
+            versions=versions,
+            target_releases=releases,
+            combined=combine_runs,
+        )
     results = report.load_results(out)
     found = report.findings(results)
     html_path = report.write_html(out / "report.html", results, found, dataset=str(dataset))
@@ -212,9 +228,9 @@ def audit(
         r.pop("client_key", None)
     blocking = [r for r in rows if strict or r["severity"] == "error"]
     if json_output:
-        from spark_jobs.findings import build_findings, old_broker_dropped, unsupported
+        from spark_jobs.findings import build_findings, unsupported
 
-        found = build_findings({"unsupported_versions": rows}, rules=(old_broker_dropped, unsupported))
+        found = build_findings({"unsupported_versions": rows}, rules=(unsupported,))
         doc = {
             "broker_version": release,
             "violations": [r for r in rows if r in blocking],

@@ -21,6 +21,7 @@ segments (``decoder.pcap``) -> TCP reassembly (``decoder.tcp``) -> ``kwire.pipel
 
 from __future__ import annotations
 
+import heapq
 import os
 import shutil
 import sys
@@ -38,13 +39,12 @@ from decoder.pcap import (
     NotACaptureError,
     TcpSegment,
     iter_segments,
-    iter_segments_merged,
 )
 from decoder.tcp import TcpReassembler
 from kwire.pipeline import DecodeSummary, Row, StreamDecoder
 from kwire.shards import ConnectionShards
 
-__all__ = ["DecodeResult", "decode", "decode_captures", "source_name"]
+__all__ = ["DecodeResult", "decode", "decode_captures", "source_names"]
 
 #: Exit codes of ``kwire decode``.
 EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 2, 130
@@ -61,9 +61,20 @@ class DecodeResult:
     error: CaptureError | None
 
 
-def source_name(paths: Sequence[str | os.PathLike[str]]) -> str:
-    """The ``source`` column: the capture file name (names joined by '+' when merged)."""
-    return "+".join(Path(p).name for p in paths)
+def source_names(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
+    """The ``source`` of each capture: its file name, or as many of its parent folders as it takes to
+    tell it from the others (``001-broker-drops-out/capture.pcap.gz``), so that every file decoded in
+    one run keeps a source of its own."""
+    parts = [Path(p).absolute().parts for p in paths]
+    depth = [1] * len(parts)
+    while True:
+        names = ["/".join(pp[-d:]) for pp, d in zip(parts, depth, strict=True)]
+        clash = {n for n in names if names.count(n) > 1}
+        grow = [i for i, n in enumerate(names) if n in clash and depth[i] < len(parts[i])]
+        if not grow:
+            return names
+        for i in grow:
+            depth[i] += 1
 
 
 def decode_captures(
@@ -76,7 +87,11 @@ def decode_captures(
     progress: Callable[[CaptureStats], None] | None = None,
     shard: tuple[int, int] | None = None,
 ) -> DecodeResult:
-    """Decode capture files (merged by time) into rows handed to the two callbacks.
+    """Decode capture files into rows handed to the two callbacks.
+
+    Each file is a run of its own: its own ``source`` (:func:`source_names`), its own TCP
+    reassembly (the same 4-tuple in two files is two connections); the files' segments are
+    merged by time, so rows come out in time order across files.
 
     A damaged capture does not raise: every row before the damage is delivered, open
     connections are closed as ``open_at_end``, and the error is returned in the result (so is
@@ -86,34 +101,75 @@ def decode_captures(
     parts together give exactly the rows of the whole.
     """
     capture = CaptureStats()
-    reassembler = TcpReassembler()
-    streams = StreamDecoder(
-        source_name(paths), on_exchange, on_connection, forced_ports=forced_ports, frame_limit=frame_limit
-    )
-    feed = streams.feed
-    rfeed = reassembler.feed
-    last_ts = 0
+    names = source_names(paths)
+    runs = [
+        (
+            TcpReassembler(),
+            StreamDecoder(
+                name, on_exchange, on_connection, forced_ports=forced_ports, frame_limit=frame_limit
+            ),
+        )
+        for name in names
+    ]
+    last_ts = [0] * len(runs)
     error: CaptureError | None = None
-    segments = _read_errors_as_damage(iter_segments_merged(paths, capture), source_name(paths))
     part, parts = shard or (0, 1)
     shards = ConnectionShards(parts) if parts > 1 else None
     try:
-        for count, segment in enumerate(segments, 1):
-            ts = segment.ts_ns
-            if ts > last_ts:
-                last_ts = ts
-            if shards is None or shards.part_of(segment) == part:
-                for event in rfeed(segment):
-                    feed(event)
-            if progress is not None and count % _PROGRESS_EVERY == 0:
-                progress(capture)
+        if len(runs) == 1:  # the common case, without tagging each segment with its file
+            reassembler, streams = runs[0]
+            rfeed, feed = reassembler.feed, streams.feed
+            segments = _read_errors_as_damage(iter_segments(paths[0], capture), names[0])
+            top = 0
+            for count, segment in enumerate(segments, 1):
+                ts = segment.ts_ns
+                if ts > top:
+                    top = ts
+                if shards is None or shards.part_of(segment) == part:
+                    for event in rfeed(segment):
+                        feed(event)
+                if progress is not None and count % _PROGRESS_EVERY == 0:
+                    progress(capture)
+            last_ts[0] = top
+        else:
+            for count, (index, segment) in enumerate(_merged(paths, names, capture), 1):
+                ts = segment.ts_ns
+                if ts > last_ts[index]:
+                    last_ts[index] = ts
+                if shards is None or shards.part_of(segment) == part:
+                    reassembler, streams = runs[index]
+                    for event in reassembler.feed(segment):
+                        streams.feed(event)
+                if progress is not None and count % _PROGRESS_EVERY == 0:
+                    progress(capture)
     except CaptureError as exc:
         error = exc
-    for event in reassembler.finish(last_ts):
-        feed(event)
+    summary = DecodeSummary()
+    for (reassembler, streams), end in zip(runs, last_ts, strict=True):
+        for event in reassembler.finish(end):
+            streams.feed(event)
+        summary.add(streams.summary)
     if progress is not None:
         progress(capture)
-    return DecodeResult(streams.summary, capture, error)
+    return DecodeResult(summary, capture, error)
+
+
+def _merged(
+    paths: Sequence[str | os.PathLike[str]], names: Sequence[str], capture: CaptureStats
+) -> Iterator[tuple[int, TcpSegment]]:
+    """(file index, segment) of several captures merged by time (each file in its own order; at
+    equal times the earlier file first). An error in any file ends the merge when it is reached."""
+
+    def tagged(index: int) -> Iterator[tuple[int, int, TcpSegment]]:
+        for segment in _read_errors_as_damage(iter_segments(paths[index], capture), names[index]):
+            yield segment.ts_ns, index, segment
+
+    for _, index, segment in heapq.merge(*(tagged(i) for i in range(len(paths))), key=_time_and_file):
+        yield index, segment
+
+
+def _time_and_file(item: tuple[int, int, TcpSegment]) -> tuple[int, int]:
+    return item[0], item[1]
 
 
 def _read_errors_as_damage(segments: Iterator[TcpSegment], name: str) -> Iterator[TcpSegment]:
@@ -250,7 +306,10 @@ def _print_summary(result: DecodeResult, out_dir: Path, console: Any) -> None:
 def decode(
     files: Annotated[
         list[Path],
-        typer.Argument(help="pcap / pcapng files (gzip, bzip2, xz ok); merged by time", show_default=False),
+        typer.Argument(
+            help="pcap / pcapng files (gzip, bzip2, xz ok); merged by time, each keeping its own source",
+            show_default=False,
+        ),
     ],
     out: Annotated[
         Path | None, typer.Option("-o", "--out", help="dataset directory [default: <first file>.kwire]")

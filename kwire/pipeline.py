@@ -39,7 +39,7 @@ from decoder.connection import DEFAULT_FRAME_LIMIT, KafkaConnection, looks_like_
 from decoder.events import MalformedFrame, RequestReceived, ResponseReceived
 from decoder.protocol import error_name
 from decoder.tcp import StreamClosed, StreamData, StreamGap, StreamOpened
-from kwire.rows import ConnectionInfo, ExchangeRows, utc_date
+from kwire.rows import ConnectionInfo, ExchangeRows, ended_by, utc_date
 
 __all__ = ["SNIFF_LIMIT", "DecodeSummary", "Row", "StreamDecoder"]
 
@@ -413,6 +413,7 @@ class StreamDecoder:
             "syn_seen": stats.syn_seen,
             "end_reason": event.how,
             "protocol": conn.protocol,
+            **ended_by(stats, conn.swapped),
             "bytes_to_broker": to_broker.bytes,
             "bytes_to_client": to_client.bytes,
             "gap_bytes_to_broker": to_broker.gap_bytes,

@@ -26,8 +26,9 @@ from decoder.events import (
     Unanswered,
 )
 from decoder.extract import exchange_values
+from decoder.tcp import StreamStats
 
-__all__ = ["ConnectionInfo", "ExchangeRows", "utc_date"]
+__all__ = ["ConnectionInfo", "ExchangeRows", "ended_by", "utc_date"]
 
 _API_VERSIONS = 18
 
@@ -63,6 +64,26 @@ def _day_name(day: int) -> str:
 
 
 _EPOCH = dt.date(1970, 1, 1)
+
+
+def ended_by(stats: StreamStats, swapped: bool = False) -> dict[str, Any]:
+    """The ``ended_by`` and ``end_time`` columns of a captured connection (see ``kwire.schema``).
+
+    ``swapped``: the reassembler's client is really the broker (roles found by decoding). A SYN
+    answered by a RST (no SYN/ACK before it) is ``refused``, a SYN that got no packet at all back
+    ``syn_unanswered``; otherwise the side that sent the first FIN or RST.
+    """
+    first = stats.first_end
+    to_server, to_client = stats.directions
+    if first is None:
+        unanswered = stats.syn_seen and to_server.syn_seen and to_client.packets == 0
+        return {"ended_by": "syn_unanswered" if unanswered else None, "end_time": None}
+    broker = first.direction ^ swapped
+    if first.flag == "rst" and broker and stats.syn_seen and not to_client.syn_seen and not to_client.bytes:
+        who = "refused"
+    else:
+        who = f"{'broker' if broker else 'client'}_{first.flag}"
+    return {"ended_by": who, "end_time": first.ts_ns // 1000}
 
 
 def _us(ts_ns: int | None) -> int | None:

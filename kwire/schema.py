@@ -257,7 +257,15 @@ CONNECTION_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("first_packet_time", _TS, "first packet seen"),
     ("last_packet_time", _TS, "last packet seen"),
     ("syn_seen", pa.bool_(), "the connection's SYN was captured"),
-    ("end_reason", pa.string(), "fin, rst, idle or open_at_end"),
+    ("end_reason", pa.string(), "how the capture saw it end: fin, rst, idle or open_at_end"),
+    (
+        "ended_by",
+        pa.string(),
+        "who ended it first: client_fin, broker_fin, client_rst, broker_rst, refused (the SYN was answered "
+        "by a RST), syn_unanswered (no answer to the SYN); null when neither side ended it in the data "
+        "(open at the capture's end, idle) or, from the proxy, when it cannot tell",
+    ),
+    ("end_time", _TS, "time of that first FIN or RST (null when ended_by is null or syn_unanswered)"),
     ("protocol", pa.string(), "kafka, tls or other"),
     ("client_id", pa.string(), "first client id seen on the connection"),
     ("bytes_to_broker", pa.int64(), "payload bytes client -> broker"),

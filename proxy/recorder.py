@@ -164,7 +164,10 @@ class Recorder:
     def injected(self, key: int, correlation_id: int) -> None:
         self._queue.append((_INJECTED, key, correlation_id))
 
-    def close(self, key: int, ts_ns: int, end_reason: str, stats: dict[str, int]) -> None:
+    def close(self, key: int, ts_ns: int, end_reason: str, stats: dict[str, Any]) -> None:
+        """The connection ended. ``stats`` may hold bytes_to_broker, bytes_to_client, protocol and,
+        when the forwarding code knows who ended it first, ended_by (as ``connections.ended_by``:
+        client_fin, broker_fin, client_rst, broker_rst, refused) and end_ns (when)."""
         self._queue.append((_CLOSE, key, ts_ns, end_reason, stats))
         self._poke()
 
@@ -269,7 +272,7 @@ class Recorder:
                 continue
             self._rows.append(row)
 
-    def _finish(self, conn: _Conn, ts_ns: int, reason: str, stats: dict[str, int]) -> None:
+    def _finish(self, conn: _Conn, ts_ns: int, reason: str, stats: dict[str, Any]) -> None:
         conn.decoder.receive_close(ts_ns, "open_at_end" if reason == "open_at_end" else "closed")
         self._drain(conn)
         info = conn.info
@@ -285,6 +288,10 @@ class Recorder:
             "last_packet_time": max(conn.last_ns, ts_ns) // 1000,
             "syn_seen": True,
             "end_reason": reason,
+            # who ended it first, when the forwarding code says (client_fin, broker_rst, refused, ...);
+            # null when it does not know
+            "ended_by": stats.get("ended_by"),
+            "end_time": stats["end_ns"] // 1000 if stats.get("end_ns") else None,
             "protocol": stats.get("protocol", "kafka"),
             "client_id": conn.rows.client_id,
             "bytes_to_broker": stats.get("bytes_to_broker", up["bytes"] + conn.gap_bytes[0]),

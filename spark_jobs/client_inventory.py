@@ -76,6 +76,7 @@ def client_inventory(exchanges: DataFrame) -> DataFrame:
         "fingerprint_software", F.when(F.col("fingerprint_software") != "", F.col("fingerprint_software"))
     )
     return out.select(
+        "source",
         "client_id",
         "client_ip",
         "client_software_name",
@@ -95,7 +96,7 @@ def client_inventory(exchanges: DataFrame) -> DataFrame:
 def run(tables, **_):
     return {
         "client_inventory": ordered(
-            client_inventory(tables.exchanges), "fingerprint_id", "client_id", "client_ip"
+            client_inventory(tables.exchanges), "source", "fingerprint_id", "client_id", "client_ip"
         )
     }
 

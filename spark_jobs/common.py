@@ -1,8 +1,10 @@
 """Helpers shared by every kwire Spark job: reading the dataset, the client identity, time.
 
 The dataset layout and its columns come from :mod:`kwire.schema`; nothing here restates a
-column list. A *client* is ``(client_id, client_ip)``: :func:`client_key` is the one key every
-job groups and joins on, :func:`client_software` the software name/version attached to it.
+column list. A *client* is ``(source, client_id, client_ip)``: :func:`client_key` is the one key
+every job groups and joins on, :func:`client_software` the software name/version attached to it.
+Runs decoded together keep their own ``source``, so one client id in two runs is two clients;
+:func:`combine_runs` makes the tables one run when that is what is wanted.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ __all__ = [
     "attach_software",
     "client_key",
     "client_software",
+    "combine_runs",
     "connections_spark_schema",
     "empty_exchanges",
     "error_name",
@@ -36,14 +39,19 @@ __all__ = [
     "latency_histogram",
     "load_tables",
     "micros_between",
+    "name_topics",
     "next_time_after",
     "ordered",
     "partition_results",
+    "topic_names",
     "with_window_end",
 ]
 
 #: Columns that identify a client, then the software columns attached to it, in output order.
-CLIENT_COLUMNS = ("client_id", "client_ip", "client_software_name", "client_software_version")
+CLIENT_COLUMNS = ("source", "client_id", "client_ip", "client_software_name", "client_software_version")
+
+#: ``source`` of every row once :func:`combine_runs` has merged the runs.
+COMBINED_SOURCE = "(all runs)"
 
 #: Every error code's name, from the decoder's table (generated from Kafka's error codes).
 ERROR_NAMES: dict[int, str] = {code: entry[0] for code, entry in ERRORS.items()}
@@ -94,24 +102,44 @@ def load_tables(spark: SparkSession, dataset: str | Path) -> Tables:
     )
 
 
+def combine_runs(tables: Tables) -> Tables:
+    """The tables as one run: every ``source`` becomes :data:`COMBINED_SOURCE` (so a client id
+    seen in several runs is one client), and ``connection_id`` is prefixed with the run's
+    source (``<source>/<id>``) so that connections of different runs stay apart."""
+
+    def one(df: DataFrame) -> DataFrame:
+        return df.withColumns(
+            {
+                "connection_id": F.concat_ws("/", F.col("source"), F.col("connection_id")),
+                "source": F.lit(COMBINED_SOURCE),
+            }
+        )
+
+    return Tables(one(tables.exchanges), one(tables.connections))
+
+
 def empty_exchanges(spark: SparkSession) -> DataFrame:
     return spark.createDataFrame([], exchanges_spark_schema())
 
 
 def client_key() -> Column:
-    """The client identity as one non-null 64-bit key over ``(client_id, client_ip)``.
+    """The client identity as one non-null 64-bit key over ``(source, client_id, client_ip)``.
 
     A hash (xxhash64) rather than a string: every job groups, joins and sorts on it, and a long
     is several times cheaper than a concatenated string at 10M rows. A null client id and an
-    empty one stay distinct. Carry ``client_id``/``client_ip`` alongside for display.
+    empty one stay distinct. The source is part of it: separate runs are separate clients (see
+    :func:`combine_runs`). Carry ``source``/``client_id``/``client_ip`` alongside for display.
     """
     return F.xxhash64(
-        F.coalesce(F.col("client_id"), F.lit(_NULL_ID)), F.coalesce(F.col("client_ip"), F.lit(""))
+        F.coalesce(F.col("source"), F.lit("")),
+        F.coalesce(F.col("client_id"), F.lit(_NULL_ID)),
+        F.coalesce(F.col("client_ip"), F.lit("")),
     )
 
 
 def client_software(exchanges: DataFrame) -> DataFrame:
-    """Per ``client_key``: client_id, client_ip and the software name(s)/version(s) it announced.
+    """Per ``client_key``: source, client_id, client_ip and the software name(s)/version(s) it
+    announced.
 
     Several processes can share one (client_id, host); their distinct names and versions are
     comma-joined. Null when the client never sent ApiVersions v3+. Computed once per
@@ -129,6 +157,7 @@ def client_software(exchanges: DataFrame) -> DataFrame:
         exchanges.where(F.col("status") != "orphan_response")
         .select(
             client_key().alias("client_key"),
+            "source",
             "client_id",
             "client_ip",
             "client_software_name",
@@ -139,6 +168,7 @@ def client_software(exchanges: DataFrame) -> DataFrame:
     software = (
         distinct.groupBy("client_key")
         .agg(
+            F.first("source", ignorenulls=True).alias("source"),
             F.first("client_id", ignorenulls=True).alias("client_id"),
             F.first("client_ip", ignorenulls=True).alias("client_ip"),
             joined("client_software_name").alias("client_software_name"),
@@ -154,19 +184,22 @@ _SOFTWARE: dict[int, tuple[DataFrame, DataFrame]] = {}
 
 
 def attach_software(df: DataFrame, exchanges: DataFrame, *, keep_key: bool = False) -> DataFrame:
-    """Put the client columns first in ``df`` (which has ``client_key``): its own client_id and
-    client_ip if it has them, else those seen in ``exchanges``, and the software announced
-    there. Drops ``client_key`` unless ``keep_key``."""
-    software = client_software(exchanges).withColumnsRenamed({"client_id": "_sw_id", "client_ip": "_sw_ip"})
+    """Put the client columns first in ``df`` (which has ``client_key``): its own source,
+    client_id and client_ip if it has them, else those seen in ``exchanges``, and the software
+    announced there. Drops ``client_key`` unless ``keep_key``."""
+    own_ids = ("source", "client_id", "client_ip")
+    software = client_software(exchanges).withColumnsRenamed(
+        {"source": "_sw_source", "client_id": "_sw_client_id", "client_ip": "_sw_client_ip"}
+    )
     rest = [c for c in df.columns if c not in CLIENT_COLUMNS and c != "client_key"]
-    own = df.withColumnsRenamed({c: f"_own_{c}" for c in ("client_id", "client_ip") if c in df.columns})
+    own = df.withColumnsRenamed({c: f"_own_{c}" for c in own_ids if c in df.columns})
     own = own.drop(*[c for c in CLIENT_COLUMNS if c in own.columns])
     out = own.join(F.broadcast(software), "client_key", "left")
     ids = [
-        F.coalesce(*[F.col(f"_own_{c}") for c in (name,) if c in df.columns], F.col(f"_sw_{short}")).alias(
+        F.coalesce(*[F.col(f"_own_{c}") for c in (name,) if c in df.columns], F.col(f"_sw_{name}")).alias(
             name
         )
-        for name, short in (("client_id", "id"), ("client_ip", "ip"))
+        for name in own_ids
     ]
     lead = ["client_key"] if keep_key else []
     return out.select(*lead, *ids, "client_software_name", "client_software_version", *rest)
@@ -184,11 +217,12 @@ def micros_between(start: str | Column, end: str | Column) -> Column:
 
 
 def with_window_end(df: DataFrame, exchanges: DataFrame, name: str = "window_end") -> DataFrame:
-    """Add the end of the observed window: the last request or response time in the dataset."""
-    end = exchanges.agg(
-        F.greatest(F.max("request_time"), F.max("response_time")).alias(name),
-    )
-    return df.crossJoin(F.broadcast(end))
+    """Add the end of the observed window: the last request or response time of the row's run
+    (``source``), or of the whole dataset when ``df`` has no ``source`` column."""
+    last = F.greatest(F.max("request_time"), F.max("response_time")).alias(name)
+    if "source" in df.columns:
+        return df.join(F.broadcast(exchanges.groupBy("source").agg(last)), "source", "left")
+    return df.crossJoin(F.broadcast(exchanges.agg(last)))
 
 
 def has_error(entries: str, codes: list[int] | None = None) -> Column:
@@ -201,16 +235,20 @@ def has_error(entries: str, codes: list[int] | None = None) -> Column:
     return F.arrays_overlap(found, F.array(*[F.lit(c).cast("short") for c in codes]))
 
 
-def partition_results(exchanges: DataFrame, codes: list[int] | None = None) -> DataFrame:
+def partition_results(
+    exchanges: DataFrame, codes: list[int] | None = None, *, carry: tuple[str, ...] = ()
+) -> DataFrame:
     """One row per entry of ``partition_errors`` (error code 0 included), with the exchange's
     client key, broker, api, times; ``topic`` falls back to the topic id, ``partition`` to -1.
     ``codes``: only the entries with one of these error codes (the exchanges without any are
-    skipped before their lists are exploded: most have none)."""
+    skipped before their lists are exploded: most have none). ``carry``: more exchange columns
+    to keep (``source``, ...)."""
     if codes is not None:
         exchanges = exchanges.where(has_error("partition_errors", codes))
     results = (
         exchanges.where(F.size("partition_errors") > 0)
         .select(
+            *carry,
             client_key().alias("client_key"),
             "client_id",
             "client_ip",
@@ -328,4 +366,38 @@ def histogram_quantiles(
         F.sum("_n").alias("requests"),
         *[col.alias(name) for name, col in at_rank.items()],
         (F.max("_max") * scale).alias("max"),
+    )
+
+
+#: The null topic id (all zero bytes) that versions without topic ids carry, as decoded.
+ZERO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"
+
+
+def topic_names(exchanges: DataFrame) -> DataFrame:
+    """``(topic_id, topic_name)`` from every Metadata response that lists both: Produce v13+
+    and Fetch v13+ name their topics by id only. Small: one row per topic."""
+    listed = exchanges.where((F.col("api_key") == 3) & (F.size("metadata_partitions") > 0)).select(
+        F.explode("metadata_partitions").alias("p")
+    )
+    return (
+        listed.where(
+            F.col("p.topic_id").isNotNull()
+            & F.col("p.topic").isNotNull()
+            & (F.col("p.topic_id") != ZERO_TOPIC_ID)
+        )
+        .groupBy(F.col("p.topic_id").alias("topic_id"))
+        .agg(F.min("p.topic").alias("topic_name"))
+    )
+
+
+def name_topics(
+    df: DataFrame, names: DataFrame, topic: str = "topic", topic_id: str = "topic_id"
+) -> DataFrame:
+    """``df`` with ``topic`` filled from ``topic_id`` through ``names`` (:func:`topic_names`)
+    where it is null; the id itself when no Metadata response named it."""
+    joined = df.join(
+        F.broadcast(names.withColumnRenamed("topic_id", "_tid")), F.col(topic_id) == F.col("_tid"), "left"
+    )
+    return joined.withColumn(topic, F.coalesce(F.col(topic), F.col("topic_name"), F.col(topic_id))).drop(
+        "_tid", "topic_name"
     )

@@ -1,10 +1,18 @@
 """Job 6: unanswered requests, connections broken mid-request, reconnect churn, latency
 (incidents 1 and 2: requests that never get an answer, half-open connections, reconnect storms).
 
-* ``connection_health`` (one row per client): connections, brokers, reconnects (connections
-  beyond the first per broker), connections per active minute, short-lived connections (under
-  ``short_s``), how connections ended (fin/rst/idle/open), connections ended mid-request,
-  requests, unanswered requests and their share.
+* ``connection_health`` (one row per client of a run): connections, brokers, reconnects,
+  connections per active minute, short-lived connections (under ``short_s``), how connections
+  ended (fin/rst/idle/open) and who ended them (``ended_by_client``, ``ended_by_broker``),
+  ``clean_sessions`` (closed by the client with every request answered: a command-line tool, a
+  probe, a short-lived process), connections ended mid-request, requests, unanswered requests
+  and their share. A *reconnect* is a connection opened after the client's previous connection
+  to the same broker ended badly: closed or reset by the broker, reset by the client, or given
+  up with requests unanswered. Clean sessions one after another are not reconnects: a tool run
+  every minute is not churning.
+
+A connection that never carried Kafka (a refused SYN, a SYN never answered, a port probe, other
+traffic) has no client: it is left out here (the ``outages`` job counts refused connections).
 * ``connection_broken``: each connection that ended by RST or FIN with requests still
   unanswered, with what it was waiting for and for how long.
 * ``connection_latency``: latency p50/p99/max in ms per api (``scope`` api), per api and broker
@@ -13,7 +21,7 @@
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from spark_jobs.common import (
@@ -74,7 +82,7 @@ def per_connection(exchanges: DataFrame, connections: DataFrame) -> DataFrame:
         .agg(F.max_by("api_name", "request_time").alias("last_unanswered_api"))
     )
     from_ex = counts.join(waiting, _CONN, "left")
-    co = connections.select(
+    co = connections.where(F.coalesce(F.col("protocol"), F.lit("kafka")) != "other").select(
         *_CONN,
         client_key().alias("co_client_key"),
         F.col("client_id").alias("co_client_id"),
@@ -84,6 +92,8 @@ def per_connection(exchanges: DataFrame, connections: DataFrame) -> DataFrame:
         "first_packet_time",
         "last_packet_time",
         "end_reason",
+        "ended_by",
+        "end_time",
     )
     both = co.join(from_ex, _CONN, "full")
     return both.select(
@@ -96,6 +106,8 @@ def per_connection(exchanges: DataFrame, connections: DataFrame) -> DataFrame:
         F.coalesce("first_packet_time", "ex_first").alias("opened"),
         F.coalesce("last_packet_time", "ex_last").alias("closed"),
         "end_reason",
+        "ended_by",
+        "end_time",
         F.coalesce("requests", F.lit(0)).alias("requests"),
         F.coalesce("unanswered", F.lit(0)).alias("unanswered"),
         "first_unanswered_time",
@@ -112,6 +124,8 @@ def broken_connections(conns: DataFrame, exchanges: DataFrame) -> DataFrame:
         "opened",
         "closed",
         "end_reason",
+        "ended_by",
+        "end_time",
         "requests",
         "unanswered",
         "last_unanswered_api",
@@ -121,32 +135,65 @@ def broken_connections(conns: DataFrame, exchanges: DataFrame) -> DataFrame:
     return attach_software(broken, exchanges)
 
 
+def _ended_badly() -> Column:
+    """Closed or reset by the broker, reset by the client, or given up with requests unanswered
+    (without ``ended_by``, from an older dataset: ended by a RST)."""
+    by = F.col("ended_by")
+    return F.coalesce(by.isin("broker_fin", "broker_rst", "client_rst"), F.col("end_reason") == "rst") | (
+        by.startswith("client_") & (F.col("unanswered") > 0)
+    )
+
+
+def _reconnects(clients: DataFrame) -> DataFrame:
+    """Per client: connections that were the first it opened to a broker after one of its
+    connections to that broker ended badly. One sort per (client, broker) over the bad ends and
+    the opens: the latest bad end before each open, and the latest open before it."""
+    key = ["client_key", "broker_ip", "broker_port"]
+    ends = clients.where(_ended_badly()).select(*key, F.col("closed").alias("_t"), F.lit(0).alias("_k"))
+    opens = clients.select(*key, F.col("opened").alias("_t"), F.lit(1).alias("_k"))
+    before = Window.partitionBy(*key).orderBy("_t", "_k").rowsBetween(Window.unboundedPreceding, -1)
+    last_bad = F.max(F.when(F.col("_k") == 0, F.col("_t"))).over(before)
+    last_open = F.max(F.when(F.col("_k") == 1, F.col("_t"))).over(before)
+    first_after = last_bad.isNotNull() & (last_open.isNull() | (last_open < last_bad))
+    return (
+        ends.unionByName(opens)
+        .withColumn("_reconnect", (F.col("_k") == 1) & first_after)
+        .groupBy("client_key")
+        .agg(F.sum(F.when(F.col("_reconnect"), 1).otherwise(0)).alias("reconnects"))
+    )
+
+
 def client_connection_health(conns: DataFrame, exchanges: DataFrame, *, short_s: float = 10.0) -> DataFrame:
     lifetime_s = micros_between("opened", "closed") / 1e6
     ends = {
         reason: F.sum(F.when(F.col("end_reason") == reason, 1).otherwise(0))
         for reason in ("fin", "rst", "idle", "open_at_end")
     }
-    per_client = (
-        conns.where(F.col("client_key").isNotNull())
-        .groupBy("client_key", "client_id", "client_ip")
-        .agg(
-            F.count(F.lit(1)).alias("connections"),
-            F.countDistinct("broker_ip", "broker_port").alias("brokers"),
-            F.sum(F.when(lifetime_s < short_s, 1).otherwise(0)).alias("short_connections"),
-            ends["fin"].alias("ended_fin"),
-            ends["rst"].alias("ended_rst"),
-            ends["idle"].alias("ended_idle"),
-            ends["open_at_end"].alias("open_at_end"),
-            F.sum(
-                F.when(F.col("end_reason").isin("fin", "rst") & (F.col("unanswered") > 0), 1).otherwise(0)
-            ).alias("ended_mid_request"),
-            F.sum("requests").alias("requests"),
-            F.sum("unanswered").alias("unanswered"),
-            F.min("opened").alias("first_seen"),
-            F.max("closed").alias("last_seen"),
-        )
+    by_client = F.col("ended_by").isin("client_fin", "client_rst")
+    clean = (F.col("ended_by") == "client_fin") & (F.col("unanswered") == 0)
+    clients = conns.where(F.col("client_key").isNotNull())
+    per_client = clients.groupBy("client_key", "client_id", "client_ip").agg(
+        F.count(F.lit(1)).alias("connections"),
+        F.countDistinct("broker_ip", "broker_port").alias("brokers"),
+        F.sum(F.when(lifetime_s < short_s, 1).otherwise(0)).alias("short_connections"),
+        ends["fin"].alias("ended_fin"),
+        ends["rst"].alias("ended_rst"),
+        ends["idle"].alias("ended_idle"),
+        ends["open_at_end"].alias("open_at_end"),
+        F.sum(F.when(by_client, 1).otherwise(0)).alias("ended_by_client"),
+        F.sum(F.when(F.col("ended_by").isin("broker_fin", "broker_rst"), 1).otherwise(0)).alias(
+            "ended_by_broker"
+        ),
+        F.sum(F.when(clean, 1).otherwise(0)).alias("clean_sessions"),
+        F.sum(
+            F.when(F.col("end_reason").isin("fin", "rst") & (F.col("unanswered") > 0), 1).otherwise(0)
+        ).alias("ended_mid_request"),
+        F.sum("requests").alias("requests"),
+        F.sum("unanswered").alias("unanswered"),
+        F.min("opened").alias("first_seen"),
+        F.max("closed").alias("last_seen"),
     )
+    per_client = per_client.join(_reconnects(clients), "client_key", "left").fillna(0, subset=["reconnects"])
     active_min = F.greatest(micros_between("first_seen", "last_seen") / 6e7, F.lit(1.0))
     out = per_client.select(
         "client_key",
@@ -154,13 +201,16 @@ def client_connection_health(conns: DataFrame, exchanges: DataFrame, *, short_s:
         "client_ip",
         "connections",
         "brokers",
-        (F.col("connections") - F.col("brokers")).alias("reconnects"),
+        "reconnects",
         (F.col("connections") / active_min).alias("connections_per_min"),
         "short_connections",
         "ended_fin",
         "ended_rst",
         "ended_idle",
         "open_at_end",
+        "ended_by_client",
+        "ended_by_broker",
+        "clean_sessions",
         "ended_mid_request",
         "requests",
         "unanswered",
@@ -187,7 +237,7 @@ def latency(exchanges: DataFrame) -> DataFrame:
         out = histogram_quantiles(histogram, keys, {"p50_ms": 0.5, "p99_ms": 0.99}, scale=1e-3)
         return out.withColumnRenamed("max", "max_ms").withColumn("api_name", api_name(F.col("api_key")))
 
-    names = client_software(exchanges).select("client_key", "client_id", "client_ip")
+    names = client_software(exchanges).select("client_key", "source", "client_id", "client_ip")
     api, api_broker = stats(api_keys), stats(broker_keys)
     api_client = stats([*broker_keys, "client_key"]).join(F.broadcast(names), "client_key", "left")
     cols = [
@@ -196,6 +246,7 @@ def latency(exchanges: DataFrame) -> DataFrame:
         "api_name",
         "broker_ip",
         "broker_port",
+        "source",
         "client_id",
         "client_ip",
         "requests",
@@ -210,13 +261,18 @@ def latency(exchanges: DataFrame) -> DataFrame:
             "*",
             none_s.alias("broker_ip"),
             none_i.alias("broker_port"),
+            none_s.alias("source"),
             none_s.alias("client_id"),
             none_s.alias("client_ip"),
         )
         .select(*cols)
         .unionByName(
             api_broker.select(
-                F.lit("api_broker").alias("scope"), "*", none_s.alias("client_id"), none_s.alias("client_ip")
+                F.lit("api_broker").alias("scope"),
+                "*",
+                none_s.alias("source"),
+                none_s.alias("client_id"),
+                none_s.alias("client_ip"),
             ).select(*cols)
         )
         .unionByName(api_client.select(F.lit("api_broker_client").alias("scope"), "*").select(*cols))

@@ -5,8 +5,8 @@ Events: a response whose top-level error code is NOT_COORDINATOR (16),
 COORDINATOR_LOAD_IN_PROGRESS (14) or COORDINATOR_NOT_AVAILABLE (15) (group: ``group_id``, else
 the FindCoordinator key), a ``partition_errors`` entry with one of them (group: its
 ``resource``, else the exchange's group), or a FindCoordinator v4+ ``coordinators`` entry (its
-key). A storm: consecutive events for one (group, broker) less than ``gap_s`` apart; storms of
-fewer than ``min_errors`` events are left out.
+key). A storm: consecutive events for one (group, broker) of one run (``source``) less than
+``gap_s`` apart; storms of fewer than ``min_errors`` events are left out.
 
 ``coordinator_errors``: one row per storm. ``coordinator_errors_timeline``: events per
 ``bucket_s`` bucket, group, broker and error (for charts and SQL).
@@ -25,8 +25,8 @@ COORDINATOR_ERRORS = (14, 15, 16)
 
 
 def coordinator_events(exchanges: DataFrame, codes: tuple[int, ...] = COORDINATOR_ERRORS) -> DataFrame:
-    """(group_id, broker_ip, broker_port, error_code, ts, client_key, exchange), one per exchange
-    and group and code."""
+    """(source, group_id, broker_ip, broker_port, error_code, ts, client_key), one per exchange and
+    group and code."""
     base = exchanges.where(F.col("response_time").isNotNull()).select(
         "source",
         "connection_id",
@@ -76,6 +76,7 @@ def coordinator_events(exchanges: DataFrame, codes: tuple[int, ...] = COORDINATO
     return events.dropDuplicates(
         ["source", "connection_id", "correlation_id", "response_time", "group", "code"]
     ).select(
+        "source",
         F.col("group").alias("group_id"),
         "broker_ip",
         "broker_port",
@@ -86,7 +87,7 @@ def coordinator_events(exchanges: DataFrame, codes: tuple[int, ...] = COORDINATO
 
 
 def coordinator_storms(events: DataFrame, *, gap_s: float = 30.0, min_errors: int = 2) -> DataFrame:
-    key = ["group_id", "broker_ip", "broker_port"]
+    key = ["source", "group_id", "broker_ip", "broker_port"]
     w = Window.partitionBy(*key).orderBy("ts")
     gap = micros_between(F.lag("ts").over(w), F.col("ts"))
     numbered = events.withColumn(
@@ -128,7 +129,7 @@ def coordinator_timeline(events: DataFrame, *, bucket_s: int = 60) -> DataFrame:
     bucket = F.timestamp_seconds(F.floor(F.unix_seconds("ts") / bucket_s) * bucket_s)
     return (
         events.withColumn("bucket", bucket)
-        .groupBy("bucket", "group_id", "broker_ip", "broker_port", "error_code")
+        .groupBy("bucket", "source", "group_id", "broker_ip", "broker_port", "error_code")
         .agg(F.count(F.lit(1)).alias("errors"), F.countDistinct("client_key").alias("clients"))
         .withColumn("error_name", error_name(F.col("error_code")))
     )

@@ -1,305 +1,449 @@
-"""Job 2: how each client reacts to a partition error (incident 4: KAFKA_STORAGE_ERROR on JBOD).
+"""Job ``error_reaction``: what each client *did* after a partition error, read from its batches
+(issue 17 item 3; incident 4: KAFKA_STORAGE_ERROR on a JBOD broker).
 
-For every watched error a client saw for a topic-partition (from ``partition_errors``):
+Every failed Produce result (one per request and partition) is followed by the batch it
+failed (:mod:`spark_jobs.delivery`: the same producer id/epoch/base sequence, or the same
+CRC): was it sent again, where, and did the client ask for metadata first? Verdicts:
 
-* ``metadata_delay_ms``: until that client's next Metadata request, on any connection;
-* ``requests_before_refresh``: requests for that partition it sent to the same broker after the
-  error and before that refresh (or before the end of the data when it never refreshed);
-* ``first_success_ms``: until its first error-free result for that partition, from any broker;
-* ``verdict``: ``refreshes_metadata`` (a Metadata request within ``refresh_within_s``, with at
-  most ``max_requests_before_refresh`` requests for the partition to that broker before it: a
-  request or two may already be on their way), ``retries_without_refresh`` (more requests for
-  the partition to the same broker before any refresh), ``gives_up`` (neither, and the data goes
-  on for ``refresh_within_s``), ``unknown`` (neither, and the data ends too soon to tell).
+* ``refresh_then_retry``: the batch was sent again, with a Metadata request of the client
+  between the error and the re-send;
+* ``retry_on_new_leader``: sent again to another broker without a Metadata request between
+  (the client learnt the new leader otherwise, e.g. from the error response, KIP-951);
+* ``retry_without_refresh``: sent again to the same broker, no Metadata request between;
+* ``drop_without_retry``: never sent again, though the client had time to (the data goes on
+  ``resend_within_s`` after the error, or the client closed all its connections);
+* ``unknown``: the data ends too soon after the error to tell.
 
-The headline puts, per client, its reaction to KAFKA_STORAGE_ERROR (56) next to its reaction to
-NOT_LEADER_OR_FOLLOWER (6): the Java client refreshes on both, sarama < 1.43.3 only on 6.
+When a client re-encodes a batch to retry it (sarama stamps records when it builds a batch,
+so the retry has new timestamps and a new CRC), the identity cannot show the re-send; the
+re-send is then read from the client's behaviour: it asked for metadata and sent its next
+batch for the partition to the leader that metadata named (``retry_identity = inferred``;
+``delivery`` calls such batches ``resent_unlinked``). Errors on other APIs (Fetch,
+ListOffsets, ...) in ``watched``, and Produce errors of requests without batch identity
+(datasets decoded before kwire kept it, frames cut by the capture), follow the partition
+instead: the client's next request of that API naming the partition stands for the retry
+(``retry_identity = next_request``), which cannot tell a retry from new data.
+
+Results: ``error_reaction`` (one row per source, client, API and error code, with the
+dominant verdict and its counts: errors, retries, refreshes, time to refresh, batches
+dropped), ``error_reaction_events`` (one row per error) and ``error_reaction_headline`` (per
+client, its reaction to 56 next to its reaction to 6: sarama < 1.43.3 drops on 56 and
+refreshes on 6). Each row says what the wire shows and what it cannot (``wire_cannot_show``).
 """
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from spark_jobs.common import (
     attach_software,
     client_key,
+    error_name,
     event_time,
-    micros_between,
     next_time_after,
     ordered,
     partition_results,
-    with_window_end,
+    topic_names,
+)
+from spark_jobs.delivery import (
+    DEFAULT_RESEND_WITHIN_S,
+    batch_fates,
+    client_closed,
+    produce_attempts,
+    shared_fates,
 )
 
-__all__ = ["DEFAULT_WATCHED", "VERDICTS", "error_reaction", "error_reaction_headline", "run"]
+__all__ = [
+    "DEFAULT_WATCHED",
+    "VERDICTS",
+    "error_reaction",
+    "error_reaction_headline",
+    "reaction_events",
+    "run",
+]
 
+#: Errors followed on APIs other than Produce (every Produce error is followed):
 #: KAFKA_STORAGE_ERROR, NOT_LEADER_OR_FOLLOWER, LEADER_NOT_AVAILABLE, UNKNOWN_TOPIC_OR_PARTITION,
 #: FENCED_LEADER_EPOCH.
 DEFAULT_WATCHED = (56, 6, 5, 3, 74)
-VERDICTS = ("refreshes_metadata", "retries_without_refresh", "gives_up", "unknown")
-
-_TP = ["client_key", "topic", "partition"]
-_BTP = ["client_key", "broker_ip", "broker_port", "topic", "partition"]
-#: Time bucket for thinning successes and requests before they are sorted (any size gives the
-#: same results; this one keeps few rows on the synthetic 10M-row benchmark).
-_BUCKET_US = 10_000_000
-
-
-def _probes(errors: DataFrame) -> tuple[DataFrame, DataFrame]:
-    """The instants :func:`_count_requests_between` counts between, per ``btp_id``: error times
-    (``_ord`` 2: an exclusive start) and horizons (``_ord`` 0: an exclusive end)."""
-    starts = errors.select("btp_id", "error_id", F.col("error_time").alias("_t"), F.lit(2).alias("_ord"))
-    ends = errors.select("btp_id", "error_id", F.col("horizon").alias("_t"), F.lit(0).alias("_ord"))
-    return starts, ends
+VERDICTS = (
+    "refresh_then_retry",
+    "retry_on_new_leader",
+    "retry_without_refresh",
+    "drop_without_retry",
+    "unknown",
+)
+#: Verdicts of a client that moved on from a broker that failed it.
+HEALTHY = ("refresh_then_retry", "retry_on_new_leader")
+#: Worst first: the order ties are broken in when one verdict is picked for many errors.
+_WORST_FIRST = ("drop_without_retry", "retry_without_refresh", "retry_on_new_leader", "refresh_then_retry")
+PRODUCE, METADATA = 0, 3
+_EXAMPLES = 5
 
 
-def _count_requests_between(errors: DataFrame, requests: DataFrame) -> DataFrame:
-    """Per ``error_id``: ``requests_before_refresh``, the requests in (error_time, horizon) with
-    the error's ``btp_id`` (client, broker, topic, partition), by a running count over the
-    errors' start/end probes and the ``requests`` (``btp_id``, ``request_time``, ``_w``: how
-    many requests the row stands for, see :func:`_thin`)."""
-    starts, ends = _probes(errors)
-    reqs = requests.select(
-        "btp_id",
-        F.lit(None).cast("long").alias("error_id"),
-        F.col("request_time").alias("_t"),
-        F.lit(1).alias("_ord"),
-        "_w",
+def _produce_errors(attempts: DataFrame, fates: DataFrame) -> DataFrame:
+    """Failed Produce attempts with their re-send: the next attempt of the same batch, else
+    (last attempt) the re-send :func:`spark_jobs.delivery.inferred_resends` reads off the
+    client's behaviour."""
+    failed = attempts.where(F.col("outcome") == "failed")
+    fate = fates.select(
+        "batch_key",
+        "fate",
+        F.col("resend_time").alias("_inf_time"),
+        F.col("resend_broker_ip").alias("_inf_ip"),
+        F.col("resend_broker_port").alias("_inf_port"),
     )
-    # Order: at one instant, an end probe before the requests (exclusive end), a start probe after
-    # them (exclusive start).
-    w = (
-        Window.partitionBy("btp_id")
-        .orderBy("_t", "_ord")
-        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    linked = F.col("next_request_time").isNotNull()
+    inferred = ~linked & (F.col("fate") == "resent_unlinked")
+    keys = ["source", "client_key", "topic", "partition"]
+    sends = attempts.select(*keys, F.col("request_time").alias("_sent")).join(
+        F.broadcast(failed.select(*keys).distinct()), keys, "left_semi"
     )
-    counted = (
-        starts.unionByName(ends)
-        .unionByName(reqs, allowMissingColumns=True)
-        .withColumn("_n", F.sum(F.when(F.col("_ord") == 1, F.col("_w")).otherwise(0)).over(w))
-        .where(F.col("_ord") != 1)
-    )
-    return counted.groupBy("error_id").agg(
-        (
-            F.max(F.when(F.col("_ord") == 0, F.col("_n"))) - F.max(F.when(F.col("_ord") == 2, F.col("_n")))
-        ).alias("requests_before_refresh")
-    )
-
-
-def _watched_errors(exchanges: DataFrame, watched: list[int]) -> DataFrame:
-    """The watched partition errors, each with an ``error_id`` and two dense integer keys:
-    ``tp_id`` for its (client, topic, partition), ``btp_id`` for its (client, broker, topic,
-    partition). The window sorts below then sort and shuffle one long, not strings."""
-    return (
-        partition_results(exchanges, watched)
-        .withColumn("error_time", F.coalesce("response_time", "request_time"))
-        .withColumn("error_id", F.monotonically_increasing_id())
-        .select("error_id", *_BTP, "client_id", "client_ip", "api_name", "error_code", "error_time")
-        # errors are few: one ranking sort each on a single partition is cheap
-        .withColumn("tp_id", F.dense_rank().over(Window.orderBy(*_TP)))
-        .withColumn("btp_id", F.dense_rank().over(Window.orderBy(*_BTP)))
-    )
-
-
-def _bucket(time: str) -> F.Column:
-    return F.floor(F.unix_micros(time) / _BUCKET_US)
-
-
-def _thin(rows: DataFrame, probed: DataFrame, keys: list[str], time: str) -> DataFrame:
-    """``rows`` (``keys``, ``time``) reduced to (``keys``, ``time``: the earliest, ``_w``: how
-    many rows it stands for): per distinct ``time`` in the (``keys``, bucket) pairs of
-    ``probed``, per (``keys``, bucket) elsewhere. Between two probes every row of an unprobed
-    bucket counts or not together, and only its earliest can be a first; one hash aggregate
-    instead of sorting every row (any bucket size gives the same results)."""
-    flagged = rows.withColumn("_b", _bucket(time)).join(F.broadcast(probed), [*keys, "_b"], "left")
-    exact = F.when(F.col("_probed"), F.col(time)).alias("_exact")
-    return (
-        flagged.groupBy(*keys, "_b", exact)
-        .agg(F.min(time).alias(time), F.count(F.lit(1)).alias("_w"))
-        .drop("_b", "_exact")
-    )
-
-
-def _keyed(kind: int, key: str, time: str | F.Column) -> F.Column:
-    """One thinning row: ``_kind``, ``_key`` (a tp_id or btp_id), ``_t``."""
-    t = F.col(time) if isinstance(time, str) else time
-    return F.struct(F.lit(kind).alias("_kind"), F.col(key).cast("long").alias("_key"), t.alias("_t"))
-
-
-def _request_buckets(errors: DataFrame) -> DataFrame:
-    """(``btp_id``, ``_b``): the distinct time buckets holding a probe of
-    :func:`_count_requests_between`."""
-    starts, ends = _probes(errors)
-    return starts.unionByName(ends).select("btp_id", _bucket("_t").alias("_b")).distinct()
-
-
-def _thinned_results(
-    errors: DataFrame, touched: DataFrame, in_play: DataFrame, request_buckets: DataFrame
-) -> DataFrame:
-    """The ``touched`` partition results, thinned (:func:`_thin`) in one pass for both uses:
-    ``_kind`` 0, the successes per ``_key`` = ``tp_id`` (time: when answered); ``_kind`` 1,
-    the requests per ``_key`` = ``btp_id`` after the first error there (``in_play``'s
-    ``_from``; time: when sent)."""
-    events = F.array(
-        F.when(F.col("error_code") == 0, _keyed(0, "tp_id", F.coalesce("response_time", "request_time"))),
-        F.when(F.col("request_time") > F.col("_from"), _keyed(1, "btp_id", "request_time")),
-    )
-    rows = (
-        touched.join(F.broadcast(in_play), _BTP, "left")
-        .select(F.explode(events).alias("e"))
-        .where(F.col("e").isNotNull())
-        .select("e.*")
-    )
-    success_buckets = errors.select(
-        F.lit(0).alias("_kind"), F.col("tp_id").cast("long").alias("_key"), _bucket("error_time").alias("_b")
-    )
-    probed = (
-        success_buckets.unionByName(
-            request_buckets.select(F.lit(1).alias("_kind"), F.col("btp_id").cast("long").alias("_key"), "_b")
-        )
-        .distinct()
-        .withColumn("_probed", F.lit(True))
-    )
-    return _thin(rows, probed, ["_kind", "_key"], "_t")
-
-
-def _first_success(errors: DataFrame, successes: DataFrame) -> DataFrame:
-    """Per ``error_id``: ``success_time``, the first error-free result for the error's
-    partition after it, from any broker (``successes``: ``tp_id``, ``ok_time``)."""
-    probes = errors.select("error_id", "tp_id", "error_time")
-    return next_time_after(probes, successes, ["tp_id"], "error_time", "ok_time", "success_time").select(
-        "error_id", "success_time"
-    )
-
-
-def _unlisted_requests(exchanges: DataFrame, in_play: DataFrame, request_buckets: DataFrame) -> DataFrame:
-    """(``btp_id``, ``request_time``, ``_w``) of the requests without partition results
-    (unanswered, acks=0) naming an errored partition's topic, to its broker after its first
-    error there, fanned out to the partitions that had errors and thinned like the listed ones."""
-    no_result = exchanges.where(
-        ((F.size("partition_errors") <= 0) | F.col("partition_errors").isNull()) & (F.size("topics") > 0)
-    ).select(
-        client_key().alias("client_key"),
+    failed = failed.withColumn("error_time", F.coalesce("response_time", "request_time"))
+    failed = next_time_after(failed, sends, keys, "error_time", "_sent", "next_send_time")
+    return failed.join(fate, "batch_key", "left").select(
+        "source",
+        "client_key",
+        "client_id",
+        "client_ip",
         "broker_ip",
         "broker_port",
-        "request_time",
-        F.explode("topics").alias("topic"),
+        "connection_id",
+        "correlation_id",
+        F.lit("Produce").alias("api_name"),
+        "topic",
+        "partition",
+        "error_code",
+        "error_time",
+        "next_send_time",
+        "batch_key",
+        "record_count",
+        "fate",
+        F.when(linked, F.col("next_request_time")).when(inferred, F.col("_inf_time")).alias("retry_time"),
+        F.when(linked, F.col("next_broker_ip")).when(inferred, F.col("_inf_ip")).alias("retry_broker_ip"),
+        F.when(linked, F.col("next_broker_port"))
+        .when(inferred, F.col("_inf_port"))
+        .alias("retry_broker_port"),
+        F.when(linked & F.col("idempotent"), "producer_id_sequence")
+        .when(linked, "crc")
+        .when(inferred, "inferred")
+        .alias("retry_identity"),
     )
-    by_topic = (
-        no_result.join(F.broadcast(in_play), ["client_key", "broker_ip", "broker_port", "topic"])
-        .where(F.col("request_time") > F.col("_from"))
-        .select("btp_id", "request_time")
-    )
-    return _thin(by_topic, request_buckets.withColumn("_probed", F.lit(True)), ["btp_id"], "request_time")
 
 
-def error_reaction(
+def _partition_errors(
+    exchanges: DataFrame, watched: tuple[int, ...], codes: tuple[int, ...] | None
+) -> DataFrame:
+    """The errors no batch can be followed from, each with the client's next request of that
+    API naming the partition as its retry: ``watched`` errors of APIs other than Produce and
+    Metadata, and Produce errors (``codes``, None: all) of requests without batch identity
+    (decoded before kwire kept it, or cut by the capture)."""
+    names = topic_names(exchanges)
+    no_identity = (F.col("api_key") == PRODUCE) & (F.coalesce(F.size("batches"), F.lit(0)) <= 0)
+    results = partition_results(
+        exchanges.where(F.col("api_key") != METADATA).withColumn("_no_identity", no_identity),
+        carry=("source", "connection_id", "correlation_id", "_no_identity"),
+    ).where(F.col("partition") >= 0)
+    # Produce and Fetch v13+ name topics by id: one topic must have one name on both sides
+    results = (
+        results.join(F.broadcast(names), F.col("topic") == F.col("topic_id"), "left")
+        .withColumn("topic", F.coalesce("topic_name", "topic"))
+        .drop("topic_id", "topic_name")
+    )
+    keys = ["source", "client_key", "api_key", "topic", "partition"]
+    code = F.col("error_code")
+    produce_code = (code != 0) if codes is None else code.isin(*codes)
+    errors = results.where(
+        F.when(F.col("api_key") == PRODUCE, F.col("_no_identity") & produce_code).otherwise(
+            code.isin(*watched)
+        )
+    )
+    wanted = errors.select(*keys).distinct()
+    later = results.join(F.broadcast(wanted), keys, "left_semi").select(
+        *keys, F.col("request_time").alias("sent_time"), "broker_ip", "broker_port"
+    )
+    errors = errors.withColumn("error_time", F.coalesce("response_time", "request_time"))
+    errors = next_time_after(errors, later, keys, "error_time", "sent_time", "retry_time")
+    first = later.groupBy(*keys, F.col("sent_time").alias("retry_time")).agg(
+        F.first("broker_ip").alias("retry_broker_ip"), F.first("broker_port").alias("retry_broker_port")
+    )
+    return errors.join(first, [*keys, "retry_time"], "left").select(
+        "source",
+        "client_key",
+        "client_id",
+        "client_ip",
+        "broker_ip",
+        "broker_port",
+        "connection_id",
+        "correlation_id",
+        "api_name",
+        "topic",
+        "partition",
+        "error_code",
+        "error_time",
+        F.col("retry_time").alias("next_send_time"),
+        F.lit(None).cast("long").alias("batch_key"),
+        F.lit(None).cast("long").alias("record_count"),
+        F.lit(None).cast("string").alias("fate"),
+        "retry_time",
+        "retry_broker_ip",
+        "retry_broker_port",
+        F.when(F.col("retry_time").isNotNull(), "next_request").alias("retry_identity"),
+    )
+
+
+def reaction_events(
     exchanges: DataFrame,
+    connections: DataFrame | None = None,
     *,
     watched: tuple[int, ...] = DEFAULT_WATCHED,
-    refresh_within_s: float = 10.0,
-    max_requests_before_refresh: int = 2,
+    codes: tuple[int, ...] | None = None,
+    resend_within_s: float = DEFAULT_RESEND_WITHIN_S,
+    attempts: DataFrame | None = None,
+    fates: DataFrame | None = None,
 ) -> DataFrame:
-    """One row per watched partition error a client saw, with its reaction (see module doc)."""
-    errors = _watched_errors(exchanges, list(watched)).cache()  # used several times; ids drawn once
-    metadata = exchanges.where((F.col("api_key") == 3) & (F.col("status") != "orphan_response")).select(
-        client_key().alias("client_key"), event_time().alias("md_time")
-    )
-    errors = next_time_after(errors, metadata, ["client_key"], "error_time", "md_time", "refresh_time")
-    errors = with_window_end(errors, exchanges).withColumn(
-        "horizon", F.coalesce(F.col("refresh_time"), F.col("window_end") + F.expr("INTERVAL 1 MICROSECOND"))
-    )
-    errors = errors.cache()
-    # Only partitions that had errors matter, and only from their first error on: one pass over
-    # all partition results keeps those, for the successes and the requests below.
-    spans = errors.groupBy("tp_id", *_TP).agg(F.min("error_time").alias("_first_err"))
-    touched = (
-        partition_results(exchanges)
-        .join(F.broadcast(spans), _TP)
-        .where(F.coalesce("response_time", "request_time") > F.col("_first_err"))
-        .select("tp_id", *_BTP, "request_time", "response_time", "error_code")
-    )
-    in_play = errors.groupBy("btp_id", *_BTP).agg(F.min("error_time").alias("_from"))
-    request_buckets = _request_buckets(errors)
-    thinned = _thinned_results(errors, touched, in_play, request_buckets).cache()  # read twice
-    successes = thinned.where(F.col("_kind") == 0).select(
-        F.col("_key").alias("tp_id"), F.col("_t").alias("ok_time")
-    )
-    listed = thinned.where(F.col("_kind") == 1).select(
-        F.col("_key").alias("btp_id"), F.col("_t").alias("request_time"), "_w"
-    )
-    requests = listed.unionByName(_unlisted_requests(exchanges, in_play, request_buckets))
-    errors = errors.join(_first_success(errors, successes), "error_id", "left").join(
-        _count_requests_between(errors, requests), "error_id", "left"
-    )
+    """One row per failed partition result (Produce: every error, or those in ``codes``;
+    other APIs: ``watched``), with the retry, the refresh and the ``verdict``."""
+    if attempts is None:
+        attempts = produce_attempts(exchanges).cache()
+    if fates is None:
+        fates = batch_fates(exchanges, connections, attempts=attempts, resend_within_s=resend_within_s)
+    produce = _produce_errors(attempts, fates)
+    if codes is not None:
+        produce = produce.where(F.col("error_code").isin(*codes))
+    errors = produce.unionByName(_partition_errors(exchanges, watched, codes))
 
-    delay_us = micros_between("error_time", "refresh_time")
-    within = int(refresh_within_s * 1e6)
-    ended_early = micros_between("error_time", "window_end") < within
-    retried = F.coalesce(F.col("requests_before_refresh"), F.lit(0))
+    metadata = exchanges.where(
+        (F.col("api_key") == METADATA) & (F.col("status") != "orphan_response")
+    ).select("source", client_key().alias("client_key"), event_time().alias("md_time"))
+    errors = next_time_after(
+        errors, metadata, ["source", "client_key"], "error_time", "md_time", "refresh_time"
+    )
+    window_end = exchanges.groupBy("source").agg(
+        F.greatest(F.max("request_time"), F.max("response_time")).alias("_window_end")
+    )
+    errors = errors.join(F.broadcast(window_end), "source", "left")
+    if connections is not None:
+        errors = errors.join(client_closed(connections), ["source", "client_key"], "left")
+    else:
+        errors = errors.withColumn("closed_time", F.lit(None).cast("timestamp"))
+
+    within_us = int(resend_within_s * 1e6)
+    retried = F.col("retry_time").isNotNull()
+    # a refresh counts when the client asked for metadata before it next wrote to the partition
+    # (the retry, or a new batch), or within the horizon when it never did
+    refreshed = F.col("refresh_time").isNotNull() & F.when(
+        F.col("next_send_time").isNotNull(), F.col("refresh_time") < F.col("next_send_time")
+    ).otherwise(F.unix_micros("refresh_time") <= F.unix_micros("error_time") + within_us)
+    same_broker = (F.col("retry_broker_ip") == F.col("broker_ip")) & (
+        F.col("retry_broker_port") == F.col("broker_port")
+    )
+    decided = F.coalesce(
+        (F.unix_micros("_window_end") >= F.unix_micros("error_time") + within_us)
+        | (F.col("closed_time") >= F.col("error_time")),
+        F.lit(False),
+    )
     verdict = (
-        F.when((delay_us <= within) & (retried <= max_requests_before_refresh), "refreshes_metadata")
-        .when(F.col("requests_before_refresh") > 0, "retries_without_refresh")
-        .when(ended_early, "unknown")
-        .otherwise("gives_up")
+        F.when(retried & (F.col("refresh_time") < F.col("retry_time")), "refresh_then_retry")
+        .when(retried & ~same_broker, "retry_on_new_leader")
+        .when(retried, "retry_without_refresh")
+        .when(F.col("fate") == "unknown", "unknown")
+        .when(F.col("fate").isNull() & ~decided, "unknown")
+        .otherwise("drop_without_retry")
     )
     out = errors.select(
+        "source",
         "client_key",
+        "client_id",
+        "client_ip",
         "broker_ip",
         "broker_port",
-        "topic",
-        F.when(F.col("partition") >= 0, F.col("partition")).alias("partition"),
         "api_name",
+        "topic",
+        "partition",
         F.col("error_code").cast("short").alias("error_code"),
+        error_name(F.col("error_code")).alias("error_name"),
         "error_time",
+        "connection_id",
+        "correlation_id",
+        "batch_key",
+        "record_count",
+        "retry_time",
+        "retry_broker_ip",
+        "retry_broker_port",
+        "retry_identity",
+        F.when(retried, same_broker).alias("retry_same_broker"),
         "refresh_time",
-        (delay_us / 1000.0).alias("metadata_delay_ms"),
-        F.coalesce(F.col("requests_before_refresh"), F.lit(0)).cast("long").alias("requests_before_refresh"),
-        "success_time",
-        (micros_between("error_time", "success_time") / 1000.0).alias("first_success_ms"),
+        ((F.unix_micros("refresh_time") - F.unix_micros("error_time")) / 1000.0).alias("refresh_delay_ms"),
+        refreshed.alias("refreshed"),
+        F.col("fate").alias("batch_fate"),
         verdict.alias("verdict"),
     )
-    return attach_software(out, exchanges, keep_key=True)
+    return out
 
 
-def _count_of(values: F.Column, name: str) -> F.Column:
-    return F.size(F.filter(values, lambda v: v == F.lit(name)))
+def _n(cond: Column) -> Column:
+    return F.sum(F.when(cond, 1).otherwise(0)).cast("long")
 
 
-def _dominant_verdict(verdicts: F.Column) -> F.Column:
-    """Most frequent known verdict of a collected list (ties: the worse one); ``unknown`` if none."""
-    best, best_n = F.lit("unknown"), F.lit(0)
-    for name in ("retries_without_refresh", "gives_up", "refreshes_metadata"):  # earlier wins ties
-        n = _count_of(verdicts, name)
-        best = F.when(n > best_n, F.lit(name)).otherwise(best)
-        best_n = F.greatest(n, best_n)
+def _dominant(prefix: str = "n_") -> Column:
+    """The verdict with the most errors (ties: the worse one); ``unknown`` if none is known."""
+    best, best_n = F.lit("unknown"), F.lit(0).cast("long")
+    for name in _WORST_FIRST[::-1]:  # healthy first: a worse verdict with as many errors wins
+        n = F.coalesce(F.col(f"{prefix}{name}"), F.lit(0).cast("long"))
+        take = (n > 0) & (n >= best_n)
+        best = F.when(take, F.lit(name)).otherwise(best)
+        best_n = F.when(take, n).otherwise(best_n)
     return best
 
 
-def error_reaction_headline(reactions: DataFrame, *, codes: tuple[int, int] = (56, 6)) -> DataFrame:
-    """One row per client that saw one of ``codes``: its dominant reaction to each, side by side."""
+def _wire_text(verdict: Column) -> tuple[Column, Column]:
+    """(``wire_shows``, ``wire_cannot_show``) for a summary row, from its counts."""
+    shows = F.concat_ws(
+        "; ",
+        F.concat(
+            F.col("errors").cast("string"),
+            F.lit(" failed results ("),
+            F.col("error_name"),
+            F.lit(") from "),
+            F.array_join("brokers", ", "),
+        ),
+        F.when(
+            F.col("retries") > 0,
+            F.concat(
+                F.col("retries").cast("string"),
+                F.lit(" sent again ("),
+                F.col("retries_same_broker").cast("string"),
+                F.lit(" to the same broker), "),
+                F.col("refreshes").cast("string"),
+                F.lit(" after a Metadata request"),
+            ),
+        ),
+        F.when(
+            F.col("batches_dropped") > 0,
+            F.concat(
+                F.col("batches_dropped").cast("string"),
+                F.lit(" batches ("),
+                F.col("records_dropped").cast("string"),
+                F.lit(" records) never sent again"),
+            ),
+        ),
+    )
+    cannot = F.concat_ws(
+        "; ",
+        F.when(
+            F.col("retries_inferred") > 0,
+            F.concat(
+                F.col("retries_inferred").cast("string"),
+                F.lit(
+                    " re-sends inferred, not seen: the client re-encoded the batch (new timestamps and CRC), so "
+                    "the wire shows only that it refreshed and wrote its next batch to the leader named"
+                ),
+            ),
+        ),
+        F.when(
+            F.col("retries_by_partition") > 0,
+            F.concat(
+                F.col("retries_by_partition").cast("string"),
+                F.lit(
+                    " retries are the client's next request for the partition: without batch identity "
+                    "(not a Produce batch, or none decoded) a retry cannot be told from new data"
+                ),
+            ),
+        ),
+        F.when(
+            F.col("batches_dropped") > 0,
+            F.lit("whether the library told the application that these records failed"),
+        ),
+        F.when(
+            F.col("n_unknown") > 0, F.lit("what the client did after errors too close to the end of the data")
+        ),
+        F.when(
+            verdict == "retry_on_new_leader",
+            F.lit("how the client learnt the new leader without a Metadata request"),
+        ),
+    )
+    return shows, F.when(cannot != "", cannot)
+
+
+def error_reaction(events: DataFrame, exchanges: DataFrame) -> DataFrame:
+    """One row per source, client, API and error code: the dominant ``verdict`` and the counts
+    behind it (errors, retries, refreshes, time to refresh, batches and records dropped)."""
+    keys = ["client_key", "source", "api_name", "error_code", "error_name"]
+    dropped = F.col("batch_fate") == "dropped"
+    grouped = events.groupBy(*keys).agg(
+        F.count(F.lit(1)).alias("errors"),
+        F.countDistinct("connection_id", "correlation_id").alias("error_responses"),
+        F.countDistinct("batch_key").alias("batches"),
+        F.sum("record_count").alias("records"),
+        _n(F.col("retry_time").isNotNull()).alias("retries"),
+        _n(F.col("retry_identity") == "inferred").alias("retries_inferred"),
+        _n(F.col("retry_identity") == "next_request").alias("retries_by_partition"),
+        _n(F.col("retry_same_broker")).alias("retries_same_broker"),
+        _n(F.col("refreshed")).alias("refreshes"),
+        F.percentile_approx(F.when(F.col("refreshed"), F.col("refresh_delay_ms")), 0.5).alias(
+            "refresh_p50_ms"
+        ),
+        F.max(F.when(F.col("refreshed"), F.col("refresh_delay_ms"))).alias("refresh_max_ms"),
+        # a batch dropped after several errors counts under the error it last got
+        F.countDistinct(F.when(dropped & F.col("retry_time").isNull(), F.col("batch_key"))).alias(
+            "batches_dropped"
+        ),
+        F.sum(F.when(dropped & F.col("retry_time").isNull(), F.col("record_count"))).alias("records_dropped"),
+        *[_n(F.col("verdict") == v).alias(f"n_{v}") for v in VERDICTS],
+        F.array_sort(
+            F.collect_set(F.concat_ws(":", F.col("broker_ip"), F.col("broker_port").cast("string")))
+        ).alias("brokers"),
+        F.min("error_time").alias("first_error_time"),
+        F.max("error_time").alias("last_error_time"),
+        F.slice(F.array_sort(F.collect_list("correlation_id")), 1, _EXAMPLES).alias(
+            "example_correlation_ids"
+        ),
+    )
+    grouped = grouped.withColumn("records_dropped", F.coalesce("records_dropped", F.lit(0).cast("long")))
+    verdict = _dominant()
+    shows, cannot = _wire_text(verdict)
+    out = grouped.select(
+        "*", verdict.alias("verdict"), shows.alias("wire_shows"), cannot.alias("wire_cannot_show")
+    )
+    lead = ["client_key", "api_name", "error_code", "error_name", "verdict"]
+    return attach_software(
+        out.select(*lead, *[c for c in out.columns if c not in lead]), exchanges, keep_key=True
+    )
+
+
+def error_reaction_headline(summary: DataFrame, *, codes: tuple[int, int] = (56, 6)) -> DataFrame:
+    """One row per producer that got one of ``codes`` on Produce: its reaction to each side by
+    side, with the errors and the batches it dropped. ``reactions_differ``: both known and not
+    both healthy (a retry after new metadata or on the new leader)."""
+    keys = [
+        "client_key",
+        "source",
+        "client_id",
+        "client_ip",
+        "client_software_name",
+        "client_software_version",
+    ]
+    rows = summary.where(F.col("error_code").isin(*codes) & (F.col("api_name") == "Produce"))
     aggs = []
     for code in codes:
         hit = F.col("error_code") == code
         aggs += [
-            F.sum(F.when(hit, 1).otherwise(0)).alias(f"errors_{code}"),
-            _dominant_verdict(F.collect_list(F.when(hit, F.col("verdict")))).alias(f"reaction_{code}"),
-            F.percentile_approx(F.when(hit, F.col("metadata_delay_ms")), 0.5).alias(f"refresh_p50_ms_{code}"),
-            F.max(F.when(hit, F.col("requests_before_refresh"))).alias(f"max_requests_before_refresh_{code}"),
+            F.sum(F.when(hit, F.col("errors"))).alias(f"errors_{code}"),
+            F.sum(F.when(hit, F.col("batches_dropped"))).alias(f"dropped_{code}"),
+            F.sum(F.when(hit, F.col("refreshes"))).alias(f"refreshes_{code}"),
+            *[F.sum(F.when(hit, F.col(f"n_{v}"))).alias(f"_{code}_{v}") for v in VERDICTS],
         ]
-    a, b = codes
-    grouped = (
-        reactions.where(F.col("error_code").isin(list(codes)))
-        .groupBy("client_key", "client_id", "client_ip", "client_software_name", "client_software_version")
-        .agg(*aggs)
-    )
-    for code in codes:  # a code the client never saw has no reaction
+    grouped = rows.groupBy(*keys).agg(*aggs)
+    for code in codes:
         grouped = grouped.withColumn(
-            f"reaction_{code}", F.when(F.col(f"errors_{code}") > 0, F.col(f"reaction_{code}"))
-        )
+            f"reaction_{code}", F.when(F.col(f"errors_{code}") > 0, _dominant(f"_{code}_"))
+        ).drop(*[f"_{code}_{v}" for v in VERDICTS])
+    a, b = codes
     ra, rb = F.col(f"reaction_{a}"), F.col(f"reaction_{b}")
-    differs = ra.isNotNull() & rb.isNotNull() & (ra != "unknown") & (rb != "unknown") & (ra != rb)
+    known = ra.isNotNull() & rb.isNotNull() & (ra != "unknown") & (rb != "unknown")
+    differs = known & (ra != rb) & ~(ra.isin(*HEALTHY) & rb.isin(*HEALTHY))
     return ordered(
         grouped.withColumn("reactions_differ", differs).drop("client_key"),
         F.col("reactions_differ").desc(),
@@ -307,17 +451,32 @@ def error_reaction_headline(reactions: DataFrame, *, codes: tuple[int, int] = (5
     )
 
 
-def run(tables, *, watched=DEFAULT_WATCHED, refresh_within_s=10.0, max_requests_before_refresh=2, **_):
-    reactions = error_reaction(
+def run(
+    tables,
+    *,
+    watched=DEFAULT_WATCHED,
+    resend_within_s: float = DEFAULT_RESEND_WITHIN_S,
+    **_,
+):
+    attempts, fates = shared_fates(tables, resend_within_s)
+    events = reaction_events(
         tables.exchanges,
+        tables.connections,
         watched=tuple(watched),
-        refresh_within_s=refresh_within_s,
-        max_requests_before_refresh=max_requests_before_refresh,
-    ).cache()  # both results derive from it
+        resend_within_s=resend_within_s,
+        attempts=attempts,
+        fates=fates,
+    )
+    events = attach_software(events, tables.exchanges, keep_key=True).cache()
+    summary = error_reaction(events.drop(*_SOFTWARE_COLUMNS), tables.exchanges).cache()
     return {
-        "error_reaction": ordered(reactions.drop("client_key"), "error_time"),
-        "error_reaction_headline": error_reaction_headline(reactions),
+        "error_reaction": ordered(summary.drop("client_key"), "source", "client_id", "error_code"),
+        "error_reaction_events": ordered(events.drop("client_key", "batch_key"), "error_time"),
+        "error_reaction_headline": error_reaction_headline(summary),
     }
+
+
+_SOFTWARE_COLUMNS = ("client_software_name", "client_software_version")
 
 
 if __name__ == "__main__":

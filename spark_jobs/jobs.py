@@ -14,24 +14,30 @@ from spark_jobs import (
     client_inventory,
     connection_health,
     coordinator_errors,
+    delivery,
     error_reaction,
     leader_skew,
     metadata_refresh,
+    outages,
     producer_acks,
+    protocol_anomalies,
     timelines,
     unsupported_versions,
 )
-from spark_jobs.common import Tables
+from spark_jobs.common import Tables, combine_runs
 
 __all__ = ["JOBS", "parse_job_list", "run_jobs"]
 
 JOBS: dict[str, Callable[..., dict[str, DataFrame]]] = {
     "unsupported_versions": unsupported_versions.run,
     "error_reaction": error_reaction.run,
+    "delivery": delivery.run,
     "metadata_refresh": metadata_refresh.run,
     "producer_acks": producer_acks.run,
     "coordinator_errors": coordinator_errors.run,
     "connection_health": connection_health.run,
+    "outages": outages.run,
+    "protocol_anomalies": protocol_anomalies.run,
     "leader_skew": leader_skew.run,
     "client_inventory": client_inventory.run,
     "timelines": timelines.run,
@@ -50,13 +56,22 @@ def parse_job_list(text: str | None) -> list[str]:
 
 
 def run_jobs(
-    tables: Tables, names: Iterable[str], options: dict[str, dict[str, Any]] | None = None, **context: Any
+    tables: Tables,
+    names: Iterable[str],
+    options: dict[str, dict[str, Any]] | None = None,
+    *,
+    combined: bool = False,
+    **context: Any,
 ) -> dict[str, DataFrame]:
     """Run the named jobs lazily: the returned DataFrames compute when written or collected.
 
     ``options[job]`` are that job's keyword parameters; ``context`` (spark, versions,
-    target_releases) goes to every job, which ignores what it does not use.
+    target_releases) goes to every job, which ignores what it does not use. Each run (``source``)
+    is analysed on its own; ``combined`` makes all runs one (``common.combine_runs``): a client
+    seen in several runs is then one client.
     """
+    if combined:
+        tables = combine_runs(tables)
     results: dict[str, DataFrame] = {}
     for name in names:
         results.update(JOBS[name](tables, **context, **(options or {}).get(name, {})))

@@ -31,22 +31,29 @@ def latest_partitions(exchanges: DataFrame) -> DataFrame:
         (F.col("api_key") == METADATA)
         & F.col("response_time").isNotNull()
         & (F.size("metadata_partitions") > 0)
-    ).select("response_time", "metadata_partitions")
+    ).select("source", "response_time", "metadata_partitions")
 
     def listed(rows: DataFrame) -> DataFrame:
-        return rows.select(F.col("response_time").alias("as_of"), F.explode("metadata_partitions").alias("p"))
+        return rows.select(
+            "source", F.col("response_time").alias("as_of"), F.explode("metadata_partitions").alias("p")
+        )
 
     # The latest time per partition with a hash aggregate over just the keys (a max_by of the
     # struct would sort every row); then only the responses holding a latest entry are
     # exploded whole, not every Metadata response again.
     latest = (
         listed(responses)
-        .select(F.coalesce(F.col("p.topic"), F.col("p.topic_id")).alias("topic"), "p.partition", "as_of")
-        .groupBy("topic", "partition")
+        .select(
+            "source", F.coalesce(F.col("p.topic"), F.col("p.topic_id")).alias("topic"), "p.partition", "as_of"
+        )
+        .groupBy("source", "topic", "partition")
         .agg(F.max("as_of").alias("as_of"))
     )
-    latest_times = latest.select(F.col("as_of").alias("response_time")).distinct()
-    parts = listed(responses.join(F.broadcast(latest_times), "response_time", "left_semi")).select(
+    latest_times = latest.select("source", F.col("as_of").alias("response_time")).distinct()
+    parts = listed(
+        responses.join(F.broadcast(latest_times), ["source", "response_time"], "left_semi")
+    ).select(
+        "source",
         F.coalesce(F.col("p.topic"), F.col("p.topic_id")).alias("topic"),
         F.col("p.partition").alias("partition"),
         F.col("p.leader").alias("leader"),
@@ -55,40 +62,43 @@ def latest_partitions(exchanges: DataFrame) -> DataFrame:
         F.col("p.isr").alias("isr"),
         "as_of",
     )
-    return parts.join(latest, ["topic", "partition", "as_of"]).dropDuplicates(["topic", "partition"])
+    return parts.join(latest, ["source", "topic", "partition", "as_of"]).dropDuplicates(
+        ["source", "topic", "partition"]
+    )
 
 
 def cluster_brokers(exchanges: DataFrame) -> DataFrame:
-    """(node_id, host, port, rack) of the most recent Metadata response listing brokers."""
+    """Per source: (node_id, host, port, rack) of its most recent Metadata response listing brokers."""
     listed = exchanges.where((F.col("api_key") == METADATA) & (F.size("metadata_brokers") > 0))
-    last = listed.agg(F.max("response_time").alias("response_time"))
-    latest = listed.join(F.broadcast(last), "response_time").limit(1)
-    return latest.select(F.explode("metadata_brokers").alias("b")).select(
-        "b.node_id", "b.host", "b.port", "b.rack"
+    latest = listed.groupBy("source").agg(F.max_by("metadata_brokers", "response_time").alias("brokers"))
+    return latest.select("source", F.explode("brokers").alias("b")).select(
+        "source", "b.node_id", "b.host", "b.port", "b.rack"
     )
 
 
 def broker_placement(parts: DataFrame, brokers: DataFrame) -> DataFrame:
-    replicas = parts.select("topic", "partition", "leader", F.explode("replicas").alias("node_id"))
-    per_broker = replicas.groupBy("node_id").agg(
+    replicas = parts.select("source", "topic", "partition", "leader", F.explode("replicas").alias("node_id"))
+    per_broker = replicas.groupBy("source", "node_id").agg(
         F.count(F.lit(1)).alias("replicas"),
         F.countDistinct("topic").alias("topics"),
     )
     leaders = (
         parts.where(F.col("leader") >= 0)
-        .groupBy(F.col("leader").alias("node_id"))
+        .groupBy("source", F.col("leader").alias("node_id"))
         .agg(F.count(F.lit(1)).alias("leaders"), F.countDistinct("topic").alias("topics_led"))
     )
-    total_leaders = parts.where(F.col("leader") >= 0).agg(F.count(F.lit(1)).alias("_total"))
-    n_brokers = brokers.agg(F.count(F.lit(1)).alias("_n"))
+    total_leaders = parts.where(F.col("leader") >= 0).groupBy("source").agg(F.count(F.lit(1)).alias("_total"))
+    n_brokers = brokers.groupBy("source").agg(F.count(F.lit(1)).alias("_n"))
     listed = brokers.withColumn("in_cluster", F.lit(True))
+    node = ["source", "node_id"]
     out = (
-        listed.join(per_broker, "node_id", "full")
-        .join(leaders, "node_id", "full")
-        .crossJoin(total_leaders)
-        .crossJoin(n_brokers)
+        listed.join(per_broker, node, "full")
+        .join(leaders, node, "full")
+        .join(total_leaders, "source", "left")
+        .join(n_brokers, "source", "left")
     )
     return out.select(
+        "source",
         "node_id",
         "host",
         "port",
@@ -106,34 +116,36 @@ def broker_placement(parts: DataFrame, brokers: DataFrame) -> DataFrame:
 
 
 def topic_skew(parts: DataFrame, brokers: DataFrame) -> DataFrame:
-    topics = parts.groupBy("topic").agg(
+    topics = parts.groupBy("source", "topic").agg(
         F.count(F.lit(1)).alias("partitions"),
         F.max(F.size("replicas")).alias("replication_factor"),
         F.sort_array(F.collect_set(F.when(F.col("leader") >= 0, F.col("leader")))).alias("leaders"),
         F.max("as_of").alias("as_of"),
     )
-    replicas = parts.select("topic", "partition", "leader", F.explode("replicas").alias("node_id"))
-    per_broker = replicas.groupBy("topic", "node_id").agg(
+    replicas = parts.select("source", "topic", "partition", "leader", F.explode("replicas").alias("node_id"))
+    per_broker = replicas.groupBy("source", "topic", "node_id").agg(
         F.count(F.lit(1)).alias("n_replicas"),
         F.sum(F.when(F.col("node_id") == F.col("leader"), 1).otherwise(0)).alias("n_leaders"),
     )
-    used = per_broker.groupBy("topic").agg(F.count(F.lit(1)).alias("brokers_used"))
+    st = ["source", "topic"]
+    used = per_broker.groupBy(*st).agg(F.count(F.lit(1)).alias("brokers_used"))
     judged = (
-        per_broker.join(used, "topic")
-        .join(topics.select("topic", "partitions", "replication_factor"), "topic")
+        per_broker.join(used, st)
+        .join(topics.select(*st, "partitions", "replication_factor"), st)
         .withColumn("_avg", F.ceil(F.col("partitions") * F.col("replication_factor") / F.col("brokers_used")))
         .withColumn("_avg_leaders", F.ceil(F.col("partitions") / F.col("brokers_used")))
-        .groupBy("topic", "brokers_used")
+        .groupBy(*st, "brokers_used")
         .agg(
             F.sum(F.when(F.col("n_replicas") > F.col("_avg"), 1).otherwise(0)).alias("skewed"),
             F.sum(F.when(F.col("n_leaders") > F.col("_avg_leaders"), 1).otherwise(0)).alias("leader_skewed"),
         )
     )
-    n_brokers = brokers.agg(F.count(F.lit(1)).alias("brokers_in_cluster"))
-    out = topics.join(judged, "topic", "left").crossJoin(n_brokers)
+    n_brokers = brokers.groupBy("source").agg(F.count(F.lit(1)).alias("brokers_in_cluster"))
+    out = topics.join(judged, st, "left").join(n_brokers, "source", "left")
     used_n = F.coalesce(F.col("brokers_used"), F.lit(0))
     pct = lambda num, den: F.when(den > 0, F.floor(100 * num / den).cast("int"))  # noqa: E731
     return out.select(
+        "source",
         "topic",
         "partitions",
         "replication_factor",
@@ -155,9 +167,10 @@ def run(tables, **_):
             topic_skew(parts, brokers),
             F.col("brokers_leader_skew_pct").desc(),
             F.col("brokers_spread_pct"),
+            "source",
             "topic",
         ),
-        "leader_skew_brokers": ordered(broker_placement(parts, brokers), F.col("leaders").desc()),
+        "leader_skew_brokers": ordered(broker_placement(parts, brokers), "source", F.col("leaders").desc()),
     }
 
 

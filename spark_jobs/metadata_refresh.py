@@ -91,14 +91,20 @@ def metadata_refresh(exchanges: DataFrame, *, periodic_max_s: float = 900.0) -> 
 
 
 def leadership_changes(exchanges: DataFrame) -> DataFrame:
-    """Leader changes seen in Metadata responses: topic, partition, change_time, old/new leader,
-    and the client whose response showed it."""
+    """Leader changes seen in Metadata responses: source (each run on its own), topic, partition,
+    change_time, old/new leader, and the client whose response showed it."""
     parts = exchanges.where(
         (F.col("api_key") == METADATA)
         & F.col("response_time").isNotNull()
         & (F.size("metadata_partitions") > 0)
-    ).select(client_key().alias("observer_key"), "response_time", F.explode("metadata_partitions").alias("p"))
+    ).select(
+        "source",
+        client_key().alias("observer_key"),
+        "response_time",
+        F.explode("metadata_partitions").alias("p"),
+    )
     parts = parts.select(
+        "source",
         "observer_key",
         F.col("response_time").alias("change_time"),
         F.coalesce(F.col("p.topic"), F.col("p.topic_id")).alias("topic"),
@@ -106,7 +112,7 @@ def leadership_changes(exchanges: DataFrame) -> DataFrame:
         F.col("p.leader").alias("leader"),
         F.coalesce(F.col("p.leader_epoch"), F.lit(-1)).alias("epoch"),
     )
-    w_all = Window.partitionBy("topic", "partition").orderBy("change_time")
+    w_all = Window.partitionBy("source", "topic", "partition").orderBy("change_time")
     seen = w_all.rowsBetween(Window.unboundedPreceding, -1)
     fresh = parts.withColumn("_max_epoch", F.max("epoch").over(seen)).where(
         (F.col("epoch") < 0) | F.col("_max_epoch").isNull() | (F.col("epoch") >= F.col("_max_epoch"))
@@ -115,6 +121,7 @@ def leadership_changes(exchanges: DataFrame) -> DataFrame:
         fresh.withColumn("old_leader", F.lag("leader").over(w_all))
         .where(F.col("old_leader").isNotNull() & (F.col("old_leader") != F.col("leader")))
         .select(
+            "source",
             "observer_key",
             "topic",
             "partition",
@@ -140,18 +147,19 @@ def stale_windows(exchanges: DataFrame) -> DataFrame:
     # hash aggregate over all rows), then explode only those.
     touched_topics = (
         exchanges.where((F.col("status") != "orphan_response") & (F.size("topics") > 0))
-        .groupBy(client_key().alias("client_key"), "topics")
+        .groupBy("source", client_key().alias("client_key"), "topics")
         .agg(F.min(event_time()).alias("ts"))
-        .select("client_key", "ts", F.explode("topics").alias("used"))
+        .select("source", "client_key", "ts", F.explode("topics").alias("used"))
         .join(F.broadcast(ids), "used", "left")
-        .select("client_key", "ts", F.coalesce("named", "used").alias("topic"))
-        .groupBy("client_key", "topic")
+        .select("source", "client_key", "ts", F.coalesce("named", "used").alias("topic"))
+        .groupBy("source", "client_key", "topic")
         .agg(F.min("ts").alias("first_use"))
     )
     from_metadata = (
-        changes.join(touched_topics, "topic")
+        changes.join(touched_topics, ["source", "topic"])
         .where((F.col("first_use") < F.col("change_time")) & (F.col("client_key") != F.col("observer_key")))
         .select(
+            "source",
             "client_key",
             "topic",
             "partition",
@@ -162,8 +170,9 @@ def stale_windows(exchanges: DataFrame) -> DataFrame:
         )
     )
     from_errors = (
-        partition_results(exchanges, [6, 56])
+        partition_results(exchanges, [6, 56], carry=("source",))
         .select(
+            "source",
             "client_key",
             "topic",
             F.when(F.col("partition") >= 0, F.col("partition")).alias("partition"),
@@ -186,6 +195,7 @@ def stale_windows(exchanges: DataFrame) -> DataFrame:
     events = events.withColumn("_n", F.row_number().over(first)).where(F.col("_n") == 1).drop("_n")
     events = with_window_end(events, exchanges)
     out = events.select(
+        "source",
         "client_key",
         "topic",
         "partition",

@@ -22,7 +22,7 @@ if __package__ in (None, ""):  # spark-submit runs this file as a script
 
 from pyspark.sql import DataFrame, SparkSession
 
-from spark_jobs.common import Tables, load_tables
+from spark_jobs.common import Tables, combine_runs, load_tables
 from spark_jobs.jobs import JOBS, parse_job_list, run_jobs
 from spark_jobs.kafka_versions import BrokerVersions, load_broker_versions
 from spark_jobs.session import build_session
@@ -53,9 +53,13 @@ def analyse(
     target_releases: list[str] = (),
     options: dict | None = None,
     parallel: int = 2,
+    combined: bool = False,
     log=None,
 ) -> tuple[Tables, dict[str, DataFrame], dict[str, float]]:
     """Run ``jobs`` (default: all) over ``dataset`` and write their results under ``out``.
+
+    Each run (``source``: one capture file, one proxy) is analysed on its own: a client id seen
+    in two runs is two clients. ``combined`` makes them one run (``common.combine_runs``).
 
     ``parallel`` jobs run at once, each writing its own results in order: much of a job's time
     is driver work and single-task stages, and Spark runs another job's tasks on the idle cores.
@@ -63,6 +67,8 @@ def analyse(
     # Each job scans the Parquet for its own columns: caching the whole table in memory first
     # was measured slower (decoding every column into the cache costs more than the scans).
     tables = load_tables(spark, dataset)
+    if combined:
+        tables = combine_runs(tables)
     context = {"spark": spark, "versions": versions, "target_releases": list(target_releases)}
 
     def run_one(name: str) -> tuple[dict[str, DataFrame], dict[str, float]]:
@@ -104,6 +110,11 @@ def main(argv: list[str] | None = None, *, job: str | None = None) -> int:
     parser.add_argument(
         "--broker-version", action="append", default=[], help="also compare against this Kafka release"
     )
+    parser.add_argument(
+        "--combine-runs",
+        action="store_true",
+        help="analyse all sources (capture files, proxies) as one run: one client id is one client",
+    )
     args = parser.parse_args(argv)
     try:
         names = [job] if job else parse_job_list(args.jobs)
@@ -122,7 +133,16 @@ def main(argv: list[str] | None = None, *, job: str | None = None) -> int:
         return 2
     spark = build_session(args.master, "kwire-jobs")
     start = time.perf_counter()
-    analyse(spark, args.dataset, args.out, jobs=names, versions=versions, target_releases=releases, log=print)
+    analyse(
+        spark,
+        args.dataset,
+        args.out,
+        jobs=names,
+        versions=versions,
+        target_releases=releases,
+        combined=args.combine_runs,
+        log=print,
+    )
     print(f"done in {time.perf_counter() - start:.1f}s -> {args.out}")
     return 0
 

@@ -94,6 +94,7 @@ def _requests(exchanges: DataFrame) -> DataFrame:
             "client_key",
             "client_id",
             "client_ip",
+            "source",
             "broker_ip",
             "broker_port",
             "api_key",
@@ -114,22 +115,21 @@ def _severity_for_key(known_key: F.Column) -> F.Column:
 
 
 def _versus_advertised(req: DataFrame, exchanges: DataFrame) -> DataFrame:
+    # a broker is its address within one run: two runs may reuse an address for another release
+    broker = ["source", "broker_ip", "broker_port"]
     latest = (
         exchanges.where((F.col("api_key") == API_VERSIONS_KEY) & (F.size("api_versions") > 0))
-        .groupBy("broker_ip", "broker_port")
+        .groupBy(*broker)
         .agg(F.max_by("api_versions", "response_time").alias("adv"))
     )
-    ranges = latest.select("broker_ip", "broker_port", F.explode("adv").alias("a")).select(
-        "broker_ip",
-        "broker_port",
+    ranges = latest.select(*broker, F.explode("adv").alias("a")).select(
+        *broker,
         F.col("a.api_key").cast("int").alias("api_key"),
         F.col("a.min_version").cast("int").alias("adv_lo"),
         F.col("a.max_version").cast("int").alias("adv_hi"),
     )
-    brokers = latest.select("broker_ip", "broker_port", F.lit(True).alias("has_adv"))
-    joined = req.join(F.broadcast(brokers), ["broker_ip", "broker_port"]).join(
-        F.broadcast(ranges), ["broker_ip", "broker_port", "api_key"], "left"
-    )
+    brokers = latest.select(*broker, F.lit(True).alias("has_adv"))
+    joined = req.join(F.broadcast(brokers), broker).join(F.broadcast(ranges), [*broker, "api_key"], "left")
     bad = (
         F.col("adv_lo").isNull()
         | (F.col("api_version") < F.col("adv_lo"))
@@ -204,14 +204,15 @@ def _old_broker_signature(exchanges: DataFrame, connections: DataFrame | None, s
     )
     last_response = seen.groupBy(*conn).agg(F.max("last_response").alias("last_response"))
     ok = seen.where(F.col("any_ok"))
-    known_versions = ok.select("broker_ip", "broker_port", "api_key", "api_version").distinct()
-    live_brokers = ok.select("broker_ip", "broker_port").distinct()
+    broker = ["source", "broker_ip", "broker_port"]  # an address within one run
+    known_versions = ok.select(*broker, "api_key", "api_version").distinct()
+    live_brokers = ok.select(*broker).distinct()
     cand = (
         _request_rows(exchanges.where(F.col("status") == "unanswered"))
         .join(last_response, conn, "left")
         .where(F.col("last_response").isNull() | (F.col("last_response") < F.col("request_time")))
-        .join(known_versions, ["broker_ip", "broker_port", "api_key", "api_version"], "left_anti")
-        .join(F.broadcast(live_brokers), ["broker_ip", "broker_port"], "left_semi")
+        .join(known_versions, [*broker, "api_key", "api_version"], "left_anti")
+        .join(F.broadcast(live_brokers), broker, "left_semi")
     )
     if connections is not None:
         ends = connections.select(*conn, "end_reason", "last_packet_time")
@@ -220,8 +221,10 @@ def _old_broker_signature(exchanges: DataFrame, connections: DataFrame | None, s
         cand = cand.withColumn("end_reason", F.lit(None).cast("string")).withColumn(
             "last_packet_time", F.lit(None).cast("timestamp")
         )
-    end = seen.agg(F.greatest(F.max("last_response"), F.max("last_time")).alias("window_end"))
-    cand = cand.crossJoin(F.broadcast(end))
+    end = seen.groupBy("source").agg(
+        F.greatest(F.max("last_response"), F.max("last_time")).alias("window_end")
+    )
+    cand = cand.join(F.broadcast(end), "source")
     closed = F.col("end_reason").isin("fin", "rst")
     silent_long = (F.unix_micros("window_end") - F.unix_micros("request_time")) >= int(silence_s * 1e6)
     return (
@@ -270,6 +273,7 @@ def unsupported_versions(
     )
     out = attach_software(grouped, exchanges)
     return out.select(
+        "source",
         "client_id",
         "client_ip",
         "client_software_name",

@@ -52,3 +52,23 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("kwire test figures")
         for line in lines:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _drop_cached_dataframes() -> Iterator[None]:
+    """Unpersist what a test module's jobs cached in the shared Spark session.
+
+    The jobs cache intermediate tables for the caller to read; over a whole session those
+    blocks pile up in the 1 GB test driver and left too little memory for aggregation
+    (AGGREGATE_OUT_OF_MEMORY, seen after ~380 tests).
+    """
+    yield
+    import sys
+
+    if "pyspark" not in sys.modules:  # never start a JVM for modules that did not
+        return
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.catalog.clearCache()

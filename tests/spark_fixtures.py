@@ -46,7 +46,9 @@ def spark():
         "local[2]",
         "kwire-tests",
         shuffle_partitions=2,
-        driver_memory="1g",
+        # the jobs' plans (delivery, outages, error_reaction) are large; 1 GB ran out of heap
+        # planning them late in a full run (GC overhead limit, AGGREGATE_OUT_OF_MEMORY)
+        driver_memory="2g",
         # tiny data: compiling generated code and adaptive re-planning cost more than they save
         extra_conf={
             "spark.ui.enabled": "false",

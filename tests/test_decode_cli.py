@@ -394,10 +394,37 @@ def test_multiple_files_merged(tmp_path: Path) -> None:
     one, one_conns, _ = rows_of(KAFKA_PYTHON)
     two, two_conns, _ = rows_of(AIOKAFKA)
     assert len(rows) == len(one) + len(two) and len(connections) == len(one_conns) + len(two_conns)
-    assert {r["source"] for r in rows} == {f"{KAFKA_PYTHON.name}+{AIOKAFKA.name}"}
-    assert len({c["connection_id"] for c in connections}) == len(connections)
-    drop = ("source", "connection_id")
-    assert comparable(rows, *drop) == sorted(comparable(one, *drop) + comparable(two, *drop))
+    # each file keeps its own source, and its rows are exactly those of the file decoded alone
+    for path, alone, alone_conns in ((KAFKA_PYTHON, one, one_conns), (AIOKAFKA, two, two_conns)):
+        assert comparable([r for r in rows if r["source"] == path.name]) == comparable(alone)
+        assert comparable([c for c in connections if c["source"] == path.name]) == comparable(alone_conns)
+
+
+def test_files_with_one_name_and_the_same_connections_stay_apart(tmp_path: Path) -> None:
+    """The same capture twice, from two folders: the same 4-tuples at the same times. Each copy is a
+    run of its own (source = folder/name), no connection of one is taken for the other's, and the
+    rows come out merged by time."""
+    for run_dir in ("run-a", "run-b"):
+        (tmp_path / run_dir).mkdir()
+        shutil.copy(KAFKA_PYTHON, tmp_path / run_dir / "capture.pcap")
+    paths = [tmp_path / "run-a" / "capture.pcap", tmp_path / "run-b" / "capture.pcap"]
+    assert decode_command.source_names(paths) == ["run-a/capture.pcap", "run-b/capture.pcap"]
+    assert decode_command.source_names([KAFKA_PYTHON, AIOKAFKA]) == [KAFKA_PYTHON.name, AIOKAFKA.name]
+    exchanges: list[dict[str, Any]] = []
+    connections: list[dict[str, Any]] = []
+    decode_captures(paths, exchanges.append, connections.append)
+    alone, alone_conns, _ = rows_of(KAFKA_PYTHON)
+    for source in ("run-a/capture.pcap", "run-b/capture.pcap"):
+        assert comparable([r for r in exchanges if r["source"] == source], "source") == comparable(
+            alone, "source"
+        )
+        assert comparable([c for c in connections if c["source"] == source], "source") == comparable(
+            alone_conns, "source"
+        )
+    # a row comes out when its response is read: in response-time order across the two runs
+    times = [r["response_time"] for r in exchanges if r["status"] == "ok"]
+    assert times == sorted(times)
+    assert [r["source"] for r in exchanges[:2]] == ["run-a/capture.pcap", "run-b/capture.pcap"]
 
 
 def test_output_folder_default_overwrite_and_refusals(tmp_path: Path) -> None:

@@ -292,7 +292,7 @@ def test_reordered_capture_in_time_order(name: str, originals: dict, tmp_path: P
     times = ("request_time", "response_time", "latency_us", "connection_id")  # the id holds the first time
     left, right = _without(exchanges, *times), _without(got_exchanges, *times)
     assert rows_multiset(right) == rows_multiset(left), row_diff(left, right)
-    times = ("first_packet_time", "last_packet_time", "connection_id")
+    times = ("first_packet_time", "last_packet_time", "end_time", "connection_id")
     left, right = _without(connections, *times), _without(got_connections, *times)
     assert rows_multiset(right) == rows_multiset(left), row_diff(left, right)
 

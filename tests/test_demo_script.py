@@ -21,7 +21,9 @@ pytestmark = [pytest.mark.real, pytest.mark.spark]
 
 REPO = Path(__file__).resolve().parent.parent
 #: What a fresh clone does not have: build output, caches, the venv (copied separately below).
-NOT_COPIED = shutil.ignore_patterns(".git", ".venv", ".cache", "out", "__pycache__", "*.kwire", ".pytest_cache")
+NOT_COPIED = shutil.ignore_patterns(
+    ".git", ".venv", ".cache", "out", "__pycache__", "*.kwire", ".pytest_cache"
+)
 #: Bound on the whole demo: venv refresh, decode and a local Spark analysis on a loaded machine.
 DEMO_TIMEOUT_S = 600
 

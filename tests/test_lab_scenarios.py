@@ -87,7 +87,12 @@ def test_committed_capture_matches_manifest_and_truth(name: str) -> None:
     assert capture.stat().st_size < 8_000_000, "lab captures stay small"
     truth, decoded = _load(name)
     assert decoded.result.error is None
-    assert decoded.result.summary.statuses.get("malformed", 0) == 0
+    # a frame kwire cannot read is allowed only where it had to hunt for frame boundaries: on a
+    # connection opened before the capture started (a replica fetcher), never on one seen whole
+    whole = {c["connection_id"] for c in decoded.connections if c["syn_seen"]}
+    malformed = [r for r in decoded.exchanges if r["status"] == "malformed"]
+    assert [r for r in malformed if r["connection_id"] in whole] == []
+    assert len(malformed) <= 2
     # every broker of the truth answered on its own address, and nothing else did on the broker port
     assert decoded.broker_ips() == {b["ip"] for b in truth["brokers"].values()}
     # every client that got a message acked is in the capture under its own client id (one that

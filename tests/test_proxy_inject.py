@@ -210,65 +210,83 @@ def test_injected_partition_error(rehearse: Callable[[str, int], Rehearsal], cli
         assert refreshes, f"{client} retried {code} without ever refreshing metadata"
 
 
+def _identity(batch: dict[str, Any]) -> tuple:
+    """A batch's identity as error_reaction follows it: producer id/epoch/sequence, else its CRC."""
+    where = (batch["topic"] or batch["topic_id"], batch["partition"])
+    if batch["producer_id"] is not None and batch["producer_id"] >= 0:
+        return (*where, batch["producer_id"], batch["producer_epoch"], batch["base_sequence"])
+    return (*where, "crc", batch["crc"])
+
+
 def reaction_by_hand(rows: list[dict[str, Any]], error: dict[str, Any]) -> str:
-    """The verdict for one injected error read straight off the rows, with error_reaction's default
-    thresholds: refreshed within 10 s after at most 2 more requests for the partition, or not."""
+    """The verdict for one injected error read straight off one rehearsal's rows: the same batch
+    sent again after a Metadata request (refresh_then_retry), to another broker without one
+    (retry_on_new_leader), to the same broker without one (retry_without_refresh), or never."""
+    failed = {_identity(b) for b in error["batches"]}
     after = error["response_time"]
-    refresh = next(
-        (r["request_time"] for r in rows if r["api_name"] == "Metadata" and r["request_time"] > after), None
+    resend = next(
+        (
+            r
+            for r in rows
+            if r["api_name"] == "Produce"
+            and r["request_time"] > after
+            and failed & {_identity(b) for b in r["batches"] or ()}
+        ),
+        None,
     )
-    retried = sum(
-        1
-        for r in rows
-        if r["api_name"] == "Produce"
-        and r["request_time"] > after
-        and (refresh is None or r["request_time"] < refresh)
-        and error["topic"] in (r["topics"] or ())
-    )
-    if refresh is not None and (refresh - after).total_seconds() <= 10 and retried <= 2:
-        return "refreshes_metadata"
-    return "retries_without_refresh" if retried else "gives_up_or_unknown"
+    if resend is None:
+        return "drop_or_unknown"
+    if any(r["api_name"] == "Metadata" and after < r["request_time"] < resend["request_time"] for r in rows):
+        return "refresh_then_retry"
+    if (resend["broker_ip"], resend["broker_port"]) != (error["broker_ip"], error["broker_port"]):
+        return "retry_on_new_leader"
+    return "retry_without_refresh"
 
 
 def test_error_reaction_verdicts_match_what_each_library_did(
     rehearse: Callable[[str, int], Rehearsal],
     spark,  # noqa: F811
+    request: pytest.FixtureRequest,
 ) -> None:
     """Issue 4's headline on real traffic: per library, its reaction to 56 next to its reaction to 6,
-    as the Spark job computes it, equals what the recorded rows show one error at a time."""
+    as the Spark job computes it from the batches each library sent, equals what the recorded rows
+    show one error at a time."""
     from spark_jobs.common import load_tables
-    from spark_jobs.error_reaction import error_reaction, error_reaction_headline
+    from spark_jobs.error_reaction import error_reaction, error_reaction_headline, reaction_events
 
     runs = [rehearse(client, code) for client in CLIENTS for code in CODES]
     expected: dict[tuple[str, int], Counter[str]] = {}
-    for client in CLIENTS:
-        # one client id per library: its rehearsals of both codes are one client's history
-        rows = sorted(
-            (row for run in runs if run.client == client for row in run.rows), key=lambda r: r["request_time"]
-        )
+    for run in runs:
+        rows = run.rows
         for row in rows:
             if row["injected"]:
-                error = {"response_time": row["response_time"], "topic": row["topics"][0]}
+                assert row["batches"], "an injected error's request keeps its batches"
                 code = row["partition_errors"][0]["error_code"]
-                expected.setdefault((client, code), Counter())[reaction_by_hand(rows, error)] += 1
+                expected.setdefault((run.client, code), Counter())[reaction_by_hand(rows, row)] += 1
 
     tables = [load_tables(spark, run.out_dir) for run in runs]
-    exchanges = functools.reduce(lambda a, b: a.unionByName(b), (t.exchanges for t in tables))
-    reactions = error_reaction(exchanges, watched=CODES).cache()
+    exchanges = functools.reduce(lambda a, b: a.unionByName(b), (t.exchanges for t in tables)).cache()
+    connections = functools.reduce(lambda a, b: a.unionByName(b), (t.connections for t in tables))
+    events = reaction_events(exchanges, connections, watched=CODES, codes=CODES).cache()
+    request.addfinalizer(spark.catalog.clearCache)  # the session is shared
     got: dict[tuple[str, int], Counter[str]] = {}
-    for r in reactions.collect():
+    for r in events.collect():
         client = r["client_id"].removeprefix("inject-")
-        verdict = "gives_up_or_unknown" if r["verdict"] in ("gives_up", "unknown") else r["verdict"]
+        verdict = "drop_or_unknown" if r["verdict"] in ("drop_without_retry", "unknown") else r["verdict"]
         got.setdefault((client, r["error_code"]), Counter())[verdict] += 1
     assert got == expected
 
-    headline = {r["client_id"]: r.asDict() for r in error_reaction_headline(reactions).collect()}
+    summary = error_reaction(events, exchanges)
+    head = [r.asDict() for r in error_reaction_headline(summary).collect()]
     print("\nerror_reaction headline on injected traffic:")
     for client in CLIENTS:
-        row = headline[f"inject-{client}"]
-        print(f"  {client:13} 56: {row['reaction_56']:24} 6: {row['reaction_6']}")
+        rows = [r for r in head if r["client_id"] == f"inject-{client}"]
         for code in CODES:
-            assert row[f"errors_{code}"] == sum(expected[(client, code)].values())
-            assert row[f"reaction_{code}"] in VERDICTS and row[f"reaction_{code}"] != "unknown"
-            if set(expected[(client, code)]) == {"refreshes_metadata"}:
-                assert row[f"reaction_{code}"] == "refreshes_metadata"
+            # each rehearsal is its own run (source): one headline row per run that saw the code
+            seen = [r for r in rows if r[f"errors_{code}"]]
+            assert sum(r[f"errors_{code}"] for r in seen) == sum(expected[(client, code)].values())
+            for r in seen:
+                print(f"  {client:13} {code}: {r[f'reaction_{code}']}")
+                assert r[f"reaction_{code}"] in VERDICTS and r[f"reaction_{code}"] != "unknown"
+                if set(expected[(client, code)]) == {"refresh_then_retry"}:
+                    assert r[f"reaction_{code}"] == "refresh_then_retry"

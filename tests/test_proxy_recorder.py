@@ -151,3 +151,21 @@ def test_catch_up_takes_a_few_items_inline_and_no_more(items: int) -> None:
         recorder.data(key, direction, frame, ts * 1000)
     recorder.catch_up()
     assert recorder.queued_items == (0 if items <= recorder_module._CATCH_UP_ITEMS else items)
+
+
+def test_who_ended_a_connection_is_recorded_when_the_proxy_says(tmp_path: Path) -> None:
+    """``connections.ended_by``/``end_time`` as the forwarding code reports them; null when it does not
+    say (the schema's default for a proxy that cannot tell)."""
+    recorder = Recorder(tmp_path, Metrics())
+    _feed(recorder, catch_up=True, connections=2)
+    (first, _, _), (second, _, _) = CONNECTIONS[:2]
+    recorder.close(first, END_NS, "rst", {"ended_by": "broker_rst", "end_ns": END_NS - 5_000})
+    recorder.close(second, END_NS, "fin", {})
+    recorder._process(None)
+    recorder._maybe_flush(force=True)
+    recorder._writing.result()  # type: ignore[union-attr]
+    recorder._executor.shutdown(wait=True)
+    got = {c["connection_id"]: c for c in _table(tmp_path, "connections")}
+    assert got[f"c-{first}"]["ended_by"] == "broker_rst"
+    assert got[f"c-{first}"]["end_time"].timestamp() == pytest.approx((END_NS - 5_000) / 1e9)
+    assert (got[f"c-{second}"]["ended_by"], got[f"c-{second}"]["end_time"]) == (None, None)

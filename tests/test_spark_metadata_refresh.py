@@ -74,3 +74,19 @@ def test_stale_windows_from_new_leader_and_from_errors(spark):  # noqa: F811
     d = got[("d", "error:56")]
     assert d.refreshed is False and d.stale_s == pytest.approx(10.0, abs=0.01)  # until the end of the data
     assert sum(1 for k in got if k[1] == "metadata") == 1
+
+
+def test_a_later_run_is_not_an_earlier_runs_refresh(spark):  # noqa: F811
+    """Two captures of one client decoded together: in the first it got NOT_LEADER and never asked
+    for metadata; the second run starts with a Metadata request 10.9 s later. That is not a
+    refresh of the first run, and the first run's window ends with the first run's data."""
+    first = [
+        ex(0, "Produce", client_id="app", errors=[("orders", 0, 6)], source="run-1.pcap"),
+        ex(5, "Heartbeat", client_id="app", source="run-1.pcap"),
+    ]
+    second = [_md(10.9, "app", source="run-2.pcap"), ex(30, "Produce", client_id="app", source="run-2.pcap")]
+    got = stale_windows(tables(spark, first + second).exchanges).collect()
+    assert [(r.source, r.client_id, r.refreshed) for r in got] == [("run-1.pcap", "app", False)]
+    assert got[0].stale_s == pytest.approx(5.0, abs=0.01)
+    intervals = {r.source: r for r in metadata_refresh(tables(spark, first + second).exchanges).collect()}
+    assert (intervals["run-1.pcap"].metadata_requests, intervals["run-2.pcap"].metadata_requests) == (0, 1)

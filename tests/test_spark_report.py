@@ -11,16 +11,32 @@ T0 = datetime(2024, 5, 1, tzinfo=UTC)
 
 def _results():
     return {
-        "error_reaction_headline": [
+        "error_reaction": [
             {
+                "source": "a.pcap",
                 "client_id": "go-app",
                 "client_ip": "10.0.0.2",
                 "client_software_name": "sarama",
                 "client_software_version": "1.42.1",
+                "api_name": "Produce",
+                "error_code": 56,
+                "error_name": "KAFKA_STORAGE_ERROR",
+                "verdict": "drop_without_retry",
+                "errors": 40,
+                "batches_dropped": 40,
+                "records_dropped": 40,
+                "n_drop_without_retry": 40,
+            },
+        ],
+        "error_reaction_headline": [
+            {
+                "source": "a.pcap",
+                "client_id": "go-app",
+                "client_ip": "10.0.0.2",
                 "errors_56": 40,
-                "reaction_56": "retries_without_refresh",
+                "reaction_56": "drop_without_retry",
                 "errors_6": 3,
-                "reaction_6": "refreshes_metadata",
+                "reaction_6": "refresh_then_retry",
                 "reactions_differ": True,
             },
         ],

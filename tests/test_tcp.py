@@ -15,6 +15,7 @@ from decoder.pcap import ACK, FIN, PSH, RST, SYN, TcpSegment, iter_segments
 from decoder.tcp import (
     DirectionStats,
     Event,
+    FirstEnd,
     StreamClosed,
     StreamData,
     StreamGap,
@@ -141,6 +142,7 @@ def test_full_connection_exact_events() -> None:
         1,
         16,
         True,
+        FirstEnd(0, "fin", 15),  # the client's FIN came first
     )
     assert per_segment[9] == [StreamClosed(0, 16, "fin", stats)]
     assert r.open_connections == 0
@@ -326,6 +328,38 @@ def test_rst_closes_and_flushes() -> None:
     [c] = closed(ev)
     assert (c.how, c.ts_ns) == ("rst", 12)
     assert c.stats.directions[1].rst_seen and not c.stats.directions[0].rst_seen
+    assert c.stats.first_end == FirstEnd(1, "rst", 12)
+
+
+@pytest.mark.parametrize(
+    ("tail", "first_end"),
+    [
+        # the broker's FIN, the client's FIN a second later: the broker ended it
+        (
+            [s2c(20, 5001, flags=FIN | ACK, ack=1001), c2s(21, 1001, flags=FIN | ACK, ack=5002)],
+            (1, "fin", 20),
+        ),
+        # the client gives up (FIN); the broker, frozen, answers only later with a RST
+        ([c2s(20, 1001, flags=FIN | ACK, ack=5001), s2c(50, 5001, flags=RST)], (0, "fin", 20)),
+        ([c2s(20, 1001, flags=RST | ACK, ack=5001)], (0, "rst", 20)),
+        ([s2c(20, 5001, flags=RST | ACK, ack=1001)], (1, "rst", 20)),
+        ([], None),  # still open at the end
+    ],
+)
+def test_first_end_names_who_ended_first(tail, first_end) -> None:
+    [c] = closed(run([*handshake(), *tail], end=99))
+    assert c.stats.first_end == (FirstEnd(*first_end) if first_end else None)
+
+
+def test_refused_and_unanswered_syns() -> None:
+    refused = [c2s(1, 1000, flags=SYN), s2c(2, 0, flags=RST | ACK, ack=1001)]
+    [c] = closed(run(refused))
+    assert c.stats.first_end == FirstEnd(1, "rst", 2)
+    assert not c.stats.directions[1].syn_seen and c.stats.directions[0].syn_seen
+    unanswered = [c2s(1, 1000, flags=SYN), c2s(1001, 1000, flags=SYN), c2s(3001, 1000, flags=SYN)]
+    [c] = closed(run(unanswered, end=5000))
+    assert (c.how, c.stats.first_end, c.stats.directions[1].packets) == ("open_at_end", None, 0)
+    assert c.stats.directions[0].packets == 3
 
 
 def test_data_after_fin_is_ignored() -> None:
