@@ -57,6 +57,7 @@ __all__ = [
     "TruncatedCaptureError",
     "iter_segments",
     "iter_segments_merged",
+    "iter_stream_segments",
 ]
 
 # TCP flag bits as found in TcpSegment.flags (NS, the ECN nonce bit, is folded in as bit 8).
@@ -478,9 +479,53 @@ _PCAP_MAGIC = {
 _PCAPNG_MAGIC = b"\x0a\x0d\x0d\x0a"
 
 
-def _open(path: str | os.PathLike[str], name: str) -> tuple[BinaryIO | _Decompressing, bytes]:
-    """Open a capture, see through compression, and return (file, its first 4 bytes)."""
-    raw = open(path, "rb")  # noqa: SIM115 - closed by the caller
+class _Stream:
+    """A pipe (stdin, a capture program's output) read as the records arrive: `read(n)` returns what
+    is there (at least one byte, fewer than n, b'' only at the end), so a packet is decoded as soon
+    as it is written rather than when 4 MiB have piled up. `seek` only rewinds into the bytes
+    already read, which is all `_open` needs to look at the magic."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self._raw = raw
+        self._read1 = getattr(raw, "read1", raw.read)
+        self._head = b""  # bytes read ahead of `seek`
+        self._kept = b""  # the first bytes, while `seek` may still go back to them
+        self._pos = 0
+
+    def read(self, n: int = -1) -> bytes:
+        if self._head:
+            out, self._head = self._head[:n], self._head[n:]
+        else:
+            out = self._read1(n if n > 0 else _CHUNK)
+            while self._pos + len(out) < 16 and 0 < len(out) < n:  # the magic: read it whole
+                more = self._read1(n - len(out))
+                if not more:
+                    break
+                out += more
+        if len(self._kept) < 16:
+            self._kept += out[: 16 - len(self._kept)]
+        self._pos += len(out)
+        return out
+
+    def seek(self, offset: int) -> None:
+        if self._pos > len(self._kept):
+            raise OSError("cannot seek in a stream")
+        offset = min(offset, self._pos)  # a stream shorter than the magic: at its end
+        self._head = self._kept[offset : self._pos] + self._head
+        self._pos = offset
+
+    def tell(self) -> int:
+        return self._pos
+
+    def close(self) -> None:
+        self._raw.close()
+
+
+def _open(
+    path: str | os.PathLike[str], name: str, stream: BinaryIO | None = None
+) -> tuple[BinaryIO | _Decompressing, bytes]:
+    """Open a capture (or take `stream`), see through compression, and return (file, its first 4 bytes)."""
+    raw = open(path, "rb") if stream is None else _Stream(stream)  # noqa: SIM115 - closed by the caller
     try:
         head = raw.read(6)
         f: BinaryIO | _Decompressing = raw
@@ -799,6 +844,27 @@ def iter_segments(path: str | os.PathLike[str], stats: CaptureStats | None = Non
     if stats is None:
         stats = CaptureStats()
     f, head = _open(path, name)
+    r = _Reader(f, name, stats)
+    stats.files += 1
+    try:
+        if head == _PCAPNG_MAGIC:
+            yield from _pcapng_records(r, head)
+        else:
+            yield from _pcap_records(r, head)
+    finally:
+        r.flush(0)
+        f.close()
+
+
+def iter_stream_segments(
+    stream: BinaryIO, name: str = "-", stats: CaptureStats | None = None
+) -> Iterator[TcpSegment]:
+    """`iter_segments` over a pcap or pcapng byte stream that is not a file: standard input, a pipe
+    from `tcpdump -w -` or `dumpcap -w -`. Each packet is yielded as soon as its record has
+    arrived. The stream is closed at the end."""
+    if stats is None:
+        stats = CaptureStats()
+    f, head = _open(name, name, stream)
     r = _Reader(f, name, stats)
     stats.files += 1
     try:

@@ -1,5 +1,5 @@
 """`python -m kwire`: the same as the `kwire` command."""
 
-from kwire.cli import app
+from kwire.cli import entry
 
-app(prog_name="kwire")
+entry()

@@ -61,8 +61,8 @@ def _fmt(v: Any) -> str:
         return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
     if isinstance(v, list):
         return ", ".join(_fmt(x) for x in v)
-    if hasattr(v, "strftime"):
-        return v.strftime("%Y-%m-%d %H:%M:%S")
+    if hasattr(v, "strftime"):  # microseconds kept: exchanges a few microseconds apart stay apart
+        return v.strftime("%Y-%m-%d %H:%M:%S.%f" if hasattr(v, "microsecond") else "%Y-%m-%d")
     return str(v)
 
 
@@ -124,7 +124,13 @@ def analyze(
         Path | None, typer.Option("-o", "--output", help="report directory [default: DATASET/report]")
     ] = None,
     master: Annotated[str | None, typer.Option(help="Spark master URL [default: local[*]]")] = None,
-    jobs: Annotated[str | None, typer.Option(help="comma-separated jobs to run [default: all]")] = None,
+    only: Annotated[
+        str | None,
+        typer.Option(
+            "--only",
+            help="comma-separated analyses to run [default: all] (was --jobs, which elsewhere means worker processes)",
+        ),
+    ] = None,
     broker_version: Annotated[
         list[str] | None,
         typer.Option("--broker-version", help="also check requests against this Kafka release (repeatable)"),
@@ -152,13 +158,20 @@ def analyze(
 
     _check_dataset(dataset)
     try:
-        names = parse_job_list(jobs)
+        names = parse_job_list(only)
     except ValueError as exc:
         raise _fail(str(exc)) from None
     versions = _versions(kafka_versions)
     releases = _resolve(versions, broker_version or [])
+    if output is not None and str(output) == "-":
+        raise _fail(
+            "-o -: a report is a folder of Parquet results and report.html; the findings are printed anyway"
+        )
     out = output or dataset / "report"
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _fail(f"cannot create {out}: {exc.strerror or exc}") from None
 
     from spark_jobs.session import build_session
     from spark_jobs.submit import analyse
@@ -339,8 +352,11 @@ def sql(
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             _err.print(f"[red]error:[/red] {first}", highlight=False, soft_wrap=True)
             return False
-        more = f" (first {limit})" if len(rows) > limit else ""
-        console.print(_rich_table(f"{text[:60]}{more}", rows, df.columns, limit, merge_client=False))
+        shown = rows[:limit]
+        table = _rich_table(text[:60], shown, df.columns, limit, merge_client=False)
+        if len(rows) > limit:  # "(5 rows)", then say there are more, rather than "(first 5) (6 rows)"
+            table.title = f"{text[:60]} (first {limit} rows; more not shown, see --limit)"
+        console.print(table)
         return True
 
     if query is not None:

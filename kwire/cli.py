@@ -1,32 +1,105 @@
-"""The `kwire` command line: thin typer wrappers around the decoder, the proxy and the Spark jobs."""
+"""The `kwire` command line: thin typer wrappers around the decoder, the proxy and the Spark jobs.
+
+Conventions every command keeps:
+
+* help is plain text as wide as the terminal (never cut at 80 columns, no boxes), and
+  ``kwire --install-completion`` / ``--show-completion`` give shell completion;
+* a wrong flag or value is one line on stderr (``kwire decode: No such option: --x (see kwire decode
+  --help)``) and exit code 2, as every other bad input is;
+* ``kwire --version`` prints the version.
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
+from typing import Annotated
+
 import typer
 
+from kwire import __version__
 from kwire.analytics_commands import analyze, audit, sql
+from kwire.capture_command import capture
 from kwire.decode_command import decode
 from kwire.proxy_command import proxy
 from kwire.runtime import tune_gc
 
+__all__ = ["app", "run"]
+
+
+def _help_width() -> int:
+    """The terminal's width; in a pipe, wide enough that no help line is folded short."""
+    if sys.stdout.isatty() or "COLUMNS" in os.environ:
+        return max(60, shutil.get_terminal_size().columns)
+    return 200
+
+
 app = typer.Typer(
     name="kwire",
-    help="Kafka wire-protocol inspection: decode captures, run a recording proxy, analyse with Spark.",
+    help="Kafka wire-protocol inspection: decode captures, run a recording proxy or a passive sidecar, "
+    "analyse with Spark.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 400, "terminal_width": _help_width()},
 )
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        print(f"kwire {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def main() -> None:
+def main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", "-V", callback=_show_version, is_eager=True, help="print the version and exit"
+        ),
+    ] = False,
+) -> None:
     """Kafka wire-protocol inspection."""
     tune_gc()
 
 
-for command in (decode, proxy, analyze, audit, sql):
+for command in (decode, capture, proxy, analyze, audit, sql):
     app.command()(command)
 
 
+def run(argv: list[str] | None = None) -> int:
+    """The ``kwire`` entry point: the typer app, with command-line mistakes reported in one line."""
+    from typer._click import exceptions as click_exceptions
+    from typer.exceptions import Abort
+
+    try:
+        result = app(args=argv, prog_name="kwire", standalone_mode=False)
+    except click_exceptions.NoArgsIsHelpError as exc:
+        print(exc.format_message(), file=sys.stderr)
+        return 2
+    except click_exceptions.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx is not None else "kwire"
+        message = " ".join(exc.format_message().split())
+        print(f"{where}: {message} (see {where} --help)", file=sys.stderr)
+        return 2
+    except click_exceptions.ClickException as exc:
+        print(f"kwire: {' '.join(exc.format_message().split())}", file=sys.stderr)
+        return exc.exit_code
+    except Abort:
+        print("kwire: interrupted", file=sys.stderr)
+        return 130
+    except typer.Exit as exc:
+        return exc.exit_code
+    return result if isinstance(result, int) else 0
+
+
+def entry() -> None:
+    """Console-script entry: exit with ``run``'s code."""
+    sys.exit(run())
+
+
 if __name__ == "__main__":
-    app()
+    entry()

@@ -21,6 +21,7 @@ segments (``decoder.pcap``) -> TCP reassembly (``decoder.tcp``) -> ``kwire.pipel
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import os
 import shutil
@@ -230,8 +231,10 @@ def _prepare_output(out_dir: Path, overwrite: bool, defaulted: bool = False) -> 
                 f"{', ...' if len(foreign) > 3 else ''}); not replacing it"
             )
     parent = out_dir.absolute().parent
-    if not parent.is_dir():
-        raise _Failure(f"cannot create {out_dir}: {parent} does not exist")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _Failure(f"cannot create {parent}: {exc.strerror or exc}") from None
     staging = parent / f".{out_dir.name}.kwire-tmp-{os.getpid()}"
     try:
         shutil.rmtree(staging, ignore_errors=True)
@@ -305,14 +308,72 @@ def _print_summary(result: DecodeResult, out_dir: Path, console: Any) -> None:
 
 def decode(
     files: Annotated[
-        list[Path],
+        list[str] | None,
         typer.Argument(
-            help="pcap / pcapng files (gzip, bzip2, xz ok); merged by time, each keeping its own source",
+            help="pcap / pcapng files (gzip, bzip2, xz ok), merged by time, each keeping its own source; "
+            "'-' reads a pcap or pcapng stream from standard input (tcpdump -w - | kwire decode -)",
             show_default=False,
         ),
-    ],
+    ] = None,
+    read: Annotated[
+        list[str] | None,
+        typer.Option("-r", "--read", help="a capture file, as the arguments are (repeatable; tshark's -r)"),
+    ] = None,
+    interface: Annotated[
+        str | None,
+        typer.Option(
+            "-i",
+            "--interface",
+            help="capture live on this interface, through tcpdump (or dumpcap); needs CAP_NET_RAW",
+        ),
+    ] = None,
+    capture_filter: Annotated[
+        str | None,
+        typer.Option("-f", "--capture-filter", help="BPF capture filter for -i, e.g. 'tcp port 9092'"),
+    ] = None,
     out: Annotated[
-        Path | None, typer.Option("-o", "--out", help="dataset directory [default: <first file>.kwire]")
+        str | None,
+        typer.Option(
+            "-o",
+            "--out",
+            help="dataset directory, parent folders created; '-' prints the rows on stdout instead "
+            "[default: <first file>.kwire when no -T is given]",
+            show_default=False,
+        ),
+    ] = None,
+    output_format: Annotated[
+        str | None,
+        typer.Option(
+            "-T",
+            "--format",
+            help="print the exchanges on stdout: table, json, jsonl, csv or fields (tab-separated) "
+            "[default without -o: a dataset for files, a table for '-' and -i]",
+            show_default=False,
+        ),
+    ] = None,
+    fields: Annotated[
+        list[str] | None,
+        typer.Option(
+            "-e",
+            "--field",
+            help="a column to print (repeatable, or comma-separated); 'errors', 'client' and 'broker' "
+            "are made for printing [default: a summary for table/fields, every column otherwise]",
+            show_default=False,
+        ),
+    ] = None,
+    display_filter: Annotated[
+        str | None,
+        typer.Option(
+            "-Y",
+            "--filter",
+            help="print only the exchanges matching this SQL WHERE expression (DuckDB), e.g. "
+            "\"api_name = 'Produce' AND has_error('KAFKA_STORAGE_ERROR')\"",
+            show_default=False,
+        ),
+    ] = None,
+    count: Annotated[
+        int | None,
+        typer.Option("-c", "--count", min=1, help="stop after this many exchanges (printed, when printing)"),
     ] = None,
     port: Annotated[
         list[int] | None,
@@ -333,23 +394,269 @@ def decode(
             min=1,
             max=64,
             help="worker processes (connections are split among them; same rows either way) "
-            "[default: one per CPU, up to 4, for plain captures of 16 MB or more of small frames]",
+            "[default: one per CPU, up to 4, for plain captures of 16 MB or more of small frames; "
+            "one when printing rows or reading a stream]",
             show_default=False,
         ),
     ] = None,
 ) -> None:
-    """Decode Kafka traffic in capture files into a Parquet dataset (exchanges + connections).
+    """Decode Kafka traffic (capture files, a stream on stdin, or a live interface) into a Parquet
+    dataset (exchanges + connections), or print the exchanges (-T).
 
-    Exit codes: 0 done; 2 a file could not be read, or a capture is damaged (the rows before the
-    damage are kept); 130 interrupted (the rows decoded so far are kept).
+    With files and neither -T nor -o, the dataset goes to <first file>.kwire and a summary is
+    printed (the next step, kwire analyze, reads the dataset); a stream or an interface with
+    neither prints a table. -Y, -e and -c shape what is printed; the dataset keeps every exchange
+    decoded (-c also stops the decode).
+
+    Exit codes: 0 done; 2 bad input, a file could not be read, or a capture is damaged (the rows
+    before the damage are kept); 130 interrupted (the rows decoded so far are printed / kept).
     """
     try:
-        code = _decode(files, out, port or [], overwrite, frame_limit, quiet, jobs)
+        inputs = [*(files or []), *(read or [])]
+        code = _route(
+            inputs,
+            interface,
+            capture_filter,
+            out,
+            output_format,
+            fields,
+            display_filter,
+            count,
+            port or [],
+            overwrite,
+            frame_limit,
+            quiet,
+            jobs,
+        )
     except _Failure as failure:
         print(f"kwire decode: {failure}", file=sys.stderr)
         code = failure.code
     if code:
         raise typer.Exit(code)
+
+
+def _columns(fields: list[str] | None, fmt: str) -> list[str]:
+    from kwire.rowprint import TABLE_COLUMNS
+    from kwire.rowtable import ALL_COLUMNS, PARQUET_COLUMNS
+
+    if not fields:
+        return list(TABLE_COLUMNS if fmt in ("table", "fields") else PARQUET_COLUMNS)
+    names = [name.strip() for field in fields for name in field.split(",") if name.strip()]
+    unknown = [name for name in names if name not in ALL_COLUMNS]
+    if unknown:
+        raise _Failure(f"-e {unknown[0]}: no such column (columns: {', '.join(ALL_COLUMNS)})")
+    return names
+
+
+def _route(
+    inputs: list[str],
+    interface: str | None,
+    capture_filter: str | None,
+    out: str | None,
+    fmt: str | None,
+    fields: list[str] | None,
+    display_filter: str | None,
+    count: int | None,
+    ports: list[int],
+    overwrite: bool,
+    frame_limit: int,
+    quiet: bool,
+    jobs: int | None,
+) -> int:
+    """Check the flags together, then decode to a dataset, to stdout, or both."""
+    from kwire.rowprint import FORMATS
+
+    if interface is not None and inputs:
+        raise _Failure("give capture files or -i INTERFACE, not both")
+    if interface is None and not inputs:
+        raise _Failure("no input: give capture files, '-' for standard input, or -i INTERFACE")
+    if capture_filter is not None and interface is None:
+        raise _Failure("-f filters a live capture: it goes with -i (for files, use -Y)")
+    if "-" in inputs and len(inputs) > 1:
+        raise _Failure("'-' (standard input) cannot be combined with other inputs")
+    if fmt is not None and fmt not in FORMATS:
+        raise _Failure(f"-T {fmt}: unknown format (one of {', '.join(FORMATS)})")
+    stream = interface is not None or inputs == ["-"]
+    to_stdout = out == "-"
+    printing = fmt is not None or to_stdout or (out is None and stream)
+    out_dir = None if out in (None, "-") else Path(out)
+    if out is None and not printing:
+        out_dir = Path(inputs[0] + ".kwire")
+    if not printing:
+        for flag, given in (("-Y", display_filter), ("-e", fields)):
+            if given:
+                raise _Failure(f"{flag} chooses what is printed: add -T FORMAT (or -o -)")
+    if (printing or stream) and jobs is not None and jobs > 1:
+        raise _Failure("--jobs: printing rows or reading a stream decodes in one process")
+    if not printing and not stream and count is None:
+        given = None if out is None else Path(out)
+        return _decode([Path(p) for p in inputs], given, ports, overwrite, frame_limit, quiet, jobs)
+    return _decode_rows(
+        inputs,
+        interface,
+        capture_filter,
+        out_dir,
+        fmt or "table",
+        fields,
+        display_filter,
+        count,
+        ports,
+        overwrite,
+        frame_limit,
+        quiet or printing,
+        printing,
+    )
+
+
+def _decode_rows(
+    inputs: list[str],
+    interface: str | None,
+    capture_filter: str | None,
+    out_dir: Path | None,
+    fmt: str,
+    fields: list[str] | None,
+    display_filter: str | None,
+    count: int | None,
+    ports: list[int],
+    overwrite: bool,
+    frame_limit: int,
+    quiet: bool,
+    printing: bool,
+) -> int:
+    """Decode files or a stream in this process, printing the exchanges as they come and/or
+    writing the dataset; Ctrl-C prints what was decoded, keeps the dataset, and exits 130."""
+    from kwire.decode_rows import Enough, RowSink, stdout_gone
+    from kwire.live import CaptureProgram, CaptureProgramError, decode_stream, stdin_segments
+    from kwire.rowfilter import FilterError, RowFilter
+    from kwire.rowprint import RowPrinter
+
+    sink = None
+    if printing:
+        columns = _columns(fields, fmt)
+        try:
+            row_filter = RowFilter(display_filter, columns) if display_filter else None
+        except FilterError as exc:
+            raise _Failure(f"-Y: {exc}") from None
+        sink = RowSink(RowPrinter(fmt, columns, sys.stdout), row_filter, count)
+    paths = [Path(p) for p in inputs if p != "-"]
+    seen: set[Path] = set()
+    for path in paths:
+        if path.resolve() in seen:
+            raise _Failure(f"{path}: given twice")
+        seen.add(path.resolve())
+        _check_capture(path)
+    if out_dir is not None and out_dir.resolve() in seen:
+        raise _Failure(f"{out_dir}: the output would replace an input file")
+    program = None
+    program_failure = ""
+    if interface is not None:
+        try:
+            program = CaptureProgram(interface, capture_filter)
+        except (CaptureProgramError, OSError) as exc:
+            raise _Failure(f"-i {interface}: {exc}") from None
+    staging = _prepare_output(out_dir, overwrite) if out_dir is not None else None
+    writer = None
+    if staging is not None:
+        from kwire.dataset import DatasetWriter
+
+        writer = DatasetWriter(staging)
+    written = 0
+    decoded = 0
+
+    def on_exchange(row: dict[str, Any]) -> None:
+        nonlocal written, decoded
+        decoded += 1
+        if writer is not None:
+            writer.exchanges.append(row)
+            written += 1
+        if sink is not None:
+            sink.add(row)
+        elif count is not None and decoded >= count:
+            raise Enough
+
+    on_connection = writer.connections.append if writer is not None else (lambda row: None)
+    interrupted = enough = gone = False
+    error = None
+    summary = None
+    try:
+        try:
+            if paths:
+                result = decode_captures(
+                    paths, on_exchange, on_connection, forced_ports=ports, frame_limit=frame_limit
+                )
+                summary, capture, error = result.summary, result.capture, result.error
+            else:
+                capture = CaptureStats()
+                name = "-" if program is None else interface
+                fd = None
+                try:
+                    if program is not None:
+                        from decoder.pcap import iter_stream_segments
+
+                        segments = iter_stream_segments(program.stdout, interface or "-", capture)
+                        fd = program.stdout.fileno()
+                    else:
+                        segments = stdin_segments(capture)
+                        fd = sys.stdin.fileno()
+                    tick = None if sink is None else (lambda: sink.ready(fd))
+                    summary, error = decode_stream(
+                        segments,
+                        "stdin" if name == "-" else str(name),
+                        on_exchange,
+                        on_connection,
+                        forced_ports=ports,
+                        frame_limit=frame_limit,
+                        after_segment=tick,
+                    )
+                finally:
+                    if program is not None:
+                        program_failure = program.failure(timeout=0.5) if capture.packets == 0 else ""
+                if isinstance(error, NotACaptureError):
+                    if program is not None:
+                        raise _Failure(f"-i {interface}: {program_failure}")
+                    raise _Failure(f"standard input: {str(error).removeprefix('-: ')}")
+            if sink is not None:
+                sink.flush()
+        except Enough:
+            enough = True
+        except KeyboardInterrupt:
+            interrupted = True
+            if sink is not None:
+                with contextlib.suppress(Enough, BrokenPipeError):
+                    sink.flush()
+        except BrokenPipeError:
+            gone = True
+        if sink is not None and not gone:
+            try:
+                sink.printer.close()
+            except BrokenPipeError:
+                gone = True
+    finally:
+        if program is not None:
+            program.stop()
+        if gone:
+            stdout_gone()
+        if writer is not None:
+            try:
+                writer.close()
+                for table in _DATASET_PARTS:
+                    (staging / table).mkdir(exist_ok=True)  # type: ignore[operator]
+                _publish(staging, out_dir)  # type: ignore[arg-type]
+            except OSError as exc:
+                shutil.rmtree(staging, ignore_errors=True)  # type: ignore[arg-type]
+                raise _Failure(f"writing {out_dir} failed: {exc.strerror or exc}") from None
+    if interrupted:
+        kept = f"; kept the {written:,} exchanges written so far in {out_dir}" if out_dir is not None else ""
+        print(f"kwire decode: interrupted{kept}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if not quiet and summary is not None and out_dir is not None:
+        from rich.console import Console
+
+        _print_summary(DecodeResult(summary, capture, error), out_dir, Console(soft_wrap=True))
+    if error is not None and not enough:
+        print(f"kwire decode: {error} (kept the {decoded:,} exchanges decoded before it)", file=sys.stderr)
+        return EXIT_ERROR
+    return EXIT_OK
 
 
 @dataclass

@@ -22,6 +22,11 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+def _bare_port(text: str) -> str:
+    """A bare number is a port (on 127.0.0.1), never a host name: ``--listen 41300``."""
+    return f"127.0.0.1:{text.strip()}" if text.strip().isdigit() else text
+
+
 def _metrics_token(path: Path | None) -> str | None:
     """The metrics token: from ``path`` if given, else from the environment; None for none."""
     if path is None:
@@ -127,10 +132,14 @@ def proxy(
         format="%(asctime)s kwire proxy %(levelname)s %(message)s",
     )
     try:
-        targets = [parse_address(b, 9092) for b in bootstrap]
-        listen_address = parse_address(listen, 9092)
+        targets = [parse_address(_bare_port(b), 9092) for b in bootstrap]
+        listen_address = parse_address(_bare_port(listen), 9092)
     except ValueError as exc:
         _fail(str(exc))
+    if out is not None and str(out) == "-":
+        _fail(
+            "-o -: the proxy records a dataset directory; to watch exchanges live, use kwire decode -i IFACE"
+        )
     if metrics_port is not None and not 0 <= metrics_port <= 65535:
         _fail(f"--metrics-port {metrics_port}: the port must be a number from 0 to 65535")
     if bool(tls_cert) != bool(tls_key):

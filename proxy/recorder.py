@@ -138,6 +138,11 @@ class Recorder:
         if len(self._queue) > _CATCH_UP_ITEMS:
             self._poke()  # a backlog: the task takes it in slices
 
+    def gap(self, key: int, direction: int, nbytes: int, ts_ns: int) -> None:
+        """``nbytes`` of ``direction`` were never seen (a passive capture lost them, or joined the
+        connection mid-way): the decoder hunts for the next frame boundary, as for a lost packet."""
+        self._queue.append((_GAP, key, direction, nbytes, ts_ns))
+
     def catch_up(self) -> None:
         """Decode what was just queued, if it is little; else leave it to the recorder task.
 

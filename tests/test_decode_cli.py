@@ -455,8 +455,10 @@ def test_output_folder_default_overwrite_and_refusals(tmp_path: Path) -> None:
     a_file = tmp_path / "file"
     a_file.write_text("x")
     assert one_line_error(run(capture, "-o", a_file, "--overwrite")).endswith("exists and is not a directory")
-    missing_parent = tmp_path / "no" / "such" / "dir"
-    assert "does not exist" in one_line_error(run(capture, "-o", missing_parent))
+    missing_parent = tmp_path / "no" / "such" / "dir"  # parent folders are created (issue 19)
+    assert run(capture, "-o", missing_parent).exit_code == 0 and (missing_parent / "exchanges").is_dir()
+    blocked = a_file / "sub" / "dir"  # a parent that cannot be created: one line
+    assert "cannot create" in one_line_error(run(capture, "-o", blocked))
     assert not list(tmp_path.glob(".*kwire-tmp*"))
 
 

@@ -1,0 +1,158 @@
+"""Capture streams: standard input, or a capture program reading an interface, decoded as packets arrive.
+
+kwire does not open raw sockets itself: a live interface is read through a maintained capture
+program, ``tcpdump`` (preferred) or Wireshark's ``dumpcap``, writing pcap/pcapng to a pipe
+(``-w -``), which kwire reads with ``decoder.pcap.iter_stream_segments``. So capture filters are
+the BPF filters users know (``-f 'tcp port 9092'``), compiled and run in the kernel by libpcap,
+and the privilege needed is the capture program's (``CAP_NET_RAW`` and ``CAP_NET_ADMIN``, or root).
+``KWIRE_CAPTURE_PROGRAM=tcpdump|dumpcap`` chooses one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Callable, Iterator
+from typing import IO
+
+from decoder.pcap import CaptureError, CaptureStats, TcpSegment, iter_stream_segments
+from decoder.tcp import TcpReassembler
+from kwire.pipeline import DecodeSummary, Row, StreamDecoder
+
+__all__ = ["CaptureProgram", "CaptureProgramError", "capture_command", "decode_stream"]
+
+#: Environment variable naming the capture program (tcpdump or dumpcap).
+PROGRAM_ENV = "KWIRE_CAPTURE_PROGRAM"
+
+
+class CaptureProgramError(Exception):
+    """The capture program is missing, or stopped with an error; the message is one line."""
+
+
+def capture_command(interface: str, capture_filter: str | None, program: str | None = None) -> list[str]:
+    """The command line that writes the interface's packets to stdout as they are captured."""
+    name = program or os.environ.get(PROGRAM_ENV) or ("tcpdump" if shutil.which("tcpdump") else "dumpcap")
+    path = shutil.which(name)
+    if path is None:
+        raise CaptureProgramError(
+            f"live capture needs tcpdump or dumpcap, and {name} is not installed (apt-get install tcpdump)"
+        )
+    base = os.path.basename(name)
+    if base == "tcpdump":
+        # -U: write each packet at once; --immediate-mode: no kernel buffering timeout; -s 0: whole packets
+        # -B: a 64 MiB kernel buffer (KiB), so a burst while kwire is busy is not dropped
+        command = [path, "-i", interface, "-U", "--immediate-mode", "-B", "65536", "-s", "0", "-n", "-w", "-"]
+        return command + ([capture_filter] if capture_filter else [])
+    if base == "dumpcap":
+        command = [path, "-i", interface, "-q", "-B", "64", "-s", "0", "-w", "-"]
+        return command + (["-f", capture_filter] if capture_filter else [])
+    raise CaptureProgramError(f"{PROGRAM_ENV}={name}: kwire knows how to drive tcpdump and dumpcap only")
+
+
+class CaptureProgram:
+    """A running capture program; ``stdout`` is its pcap stream. Stop it with ``stop`` (always)."""
+
+    def __init__(self, interface: str, capture_filter: str | None = None, program: str | None = None) -> None:
+        self.interface = interface
+        self.command = capture_command(interface, capture_filter, program)
+        # its own process group: Ctrl-C at the terminal reaches kwire, which stops it after
+        # reading what it already wrote (and its "N packets captured" lines stay out of the way)
+        self.process = subprocess.Popen(
+            self.command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        assert self.process.stdout is not None
+        self.stdout: IO[bytes] = self.process.stdout
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stop(self, timeout: float = 5.0) -> int | None:
+        """Stop the program (SIGTERM, then SIGKILL after ``timeout`` s); its exit code."""
+        process = self.process
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout)
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()
+        return process.returncode
+
+    def failure(self, timeout: float = 5.0) -> str:
+        """After its stream ended: why it stopped, in one line (its last error line)."""
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return f"{os.path.basename(self.command[0])} stopped writing"
+        text = b""
+        if self.process.stderr is not None:
+            with contextlib.suppress(OSError, ValueError):
+                text = self.process.stderr.read(1 << 16)
+        lines = [
+            line.strip()
+            for line in text.decode(errors="replace").splitlines()
+            if line.strip() and "listening on" not in line and "packets " not in line
+        ]
+        what = lines[0] if lines else f"exited with code {code}"
+        name = os.path.basename(self.command[0])
+        return what if what.startswith(name) else f"{name}: {what}"
+
+
+def decode_stream(
+    segments: Iterator[TcpSegment],
+    source: str,
+    on_exchange: Callable[[Row], None],
+    on_connection: Callable[[Row], None],
+    *,
+    forced_ports: tuple[int, ...] | list[int] = (),
+    frame_limit: int | None = None,
+    after_segment: Callable[[], None] | None = None,
+    reassembler: TcpReassembler | None = None,
+    decoder: StreamDecoder | None = None,
+) -> tuple[DecodeSummary, CaptureError | None]:
+    """Decode segments as they arrive (``kwire.decode_command.decode_captures`` for one stream).
+
+    ``after_segment`` is called after each segment's rows were handed over (a printer flushes
+    there, so each exchange shows when its response arrives). Open connections are closed as
+    ``open_at_end`` at the end of the stream, also when it ends with KeyboardInterrupt (which is
+    then raised again). Damage in the stream is returned, like ``decode_captures`` does.
+    """
+    kwargs = {} if frame_limit is None else {"frame_limit": frame_limit}
+    reassembler = reassembler or TcpReassembler()
+    streams = decoder or StreamDecoder(
+        source, on_exchange, on_connection, forced_ports=forced_ports, **kwargs
+    )
+    error: CaptureError | None = None
+    last = 0
+    try:
+        for segment in segments:
+            last = max(last, segment.ts_ns)
+            for event in reassembler.feed(segment):
+                streams.feed(event)
+            if after_segment is not None:
+                after_segment()
+    except CaptureError as exc:
+        error = exc
+    finally:
+        for event in reassembler.finish(last):
+            streams.feed(event)
+    return streams.summary, error
+
+
+def stdin_segments(stats: CaptureStats) -> Iterator[TcpSegment]:
+    """The segments of a pcap/pcapng stream on standard input."""
+    import sys
+
+    return iter_stream_segments(sys.stdin.buffer, "-", stats)
