@@ -91,37 +91,15 @@ def _rich_table(
     return table
 
 
-_COLORS = {"critical": "red", "warning": "yellow", "info": "cyan"}
-
-
-def _print_findings(console: Console, found: list) -> None:
-    """The findings, most severe first, after one line counting them by severity and kind."""
-    from collections import Counter
-
-    console.rule("findings")
-    if not found:
-        console.print("no findings")
-        return
-    by_severity = Counter(f.severity for f in found)
-    kinds = Counter((f.severity, f.kind) for f in found)
-    console.print(
-        ", ".join(f"{n} {sev}" for sev, n in by_severity.items())
-        + " ("
-        + ", ".join(f"{kind} x{n}" for (_, kind), n in kinds.items())
-        + ")",
-        highlight=False,
-    )
-    for f in found:
-        console.print(
-            f"[{_COLORS[f.severity]}]{f.severity:8s}[/] [bold]{f.title}[/bold]\n         {f.detail}",
-            highlight=False,
-        )
-
-
 def analyze(
     dataset: Annotated[Path, typer.Argument(help="dataset directory (exchanges/, connections/)")],
     output: Annotated[
-        Path | None, typer.Option("-o", "--output", help="report directory [default: DATASET/report]")
+        Path | None,
+        typer.Option(
+            "-o",
+            "--output",
+            help="report directory [default: DATASET/report; with --source, DATASET/report-SOURCE]",
+        ),
     ] = None,
     master: Annotated[str | None, typer.Option(help="Spark master URL [default: local[*]]")] = None,
     only: Annotated[
@@ -138,7 +116,7 @@ def analyze(
     kafka_versions: Annotated[
         Path | None, typer.Option(help="broker_api_versions.json [default: shared copy, else bundled table]")
     ] = None,
-    top: Annotated[int, typer.Option(help="rows per headline table")] = 10,
+    top: Annotated[int, typer.Option(help="clients in the printed summary, most affected first")] = 10,
     combine_runs: Annotated[
         bool,
         typer.Option(
@@ -148,11 +126,21 @@ def analyze(
         ),
     ] = False,
     tables: Annotated[
-        bool, typer.Option("--tables", help="print every result table, not only those behind the findings")
+        bool,
+        typer.Option("--tables", help="also print every supporting table in full, as report.html shows them"),
     ] = False,
+    source: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--source",
+            help="analyse only this source (a capture file name, proxy:<address>) of a dataset of "
+            "several (repeatable)",
+        ),
+    ] = None,
 ) -> None:
-    """Run the Spark jobs over a dataset: the findings (REPORT_DIR/findings/), the tables behind them,
-    every result as Parquet, and report.html."""
+    """Run the Spark jobs over a dataset: every result as Parquet, the findings
+    (REPORT_DIR/findings/) and report.html. Prints what the page shows first: a summary, the
+    findings with their evidence and advice, and one line per client."""
     from spark_jobs import report
     from spark_jobs.jobs import parse_job_list
 
@@ -167,7 +155,15 @@ def analyze(
         raise _fail(
             "-o -: a report is a folder of Parquet results and report.html; the findings are printed anyway"
         )
-    out = output or dataset / "report"
+    if source:
+        known = _sources(dataset)
+        unknown = [s for s in source if s not in known]
+        if unknown:
+            raise _fail(
+                f"no source {', '.join(unknown)} in {dataset} (sources: {', '.join(sorted(known)) or 'none'})"
+            )
+    # one source's report goes beside the whole dataset's, not over it (kwire sql reads report/)
+    out = output or dataset / ("report" if not source else "report-" + _safe_name("+".join(source)))
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -188,21 +184,45 @@ def analyze(
             versions=versions,
             target_releases=releases,
             combined=combine_runs,
+            sources=source or None,
         )
     results = report.load_results(out)
+    results.pop("findings", None)  # written by analyse() from these results: rebuilt below
     found = report.findings(results)
-    html_path = report.write_html(out / "report.html", results, found, dataset=str(dataset))
-    _print_findings(console, found)
-    from spark_jobs.findings import EXPLAINED_BY
+    label = f"{dataset}" + (f" (source {', '.join(source)})" if source else "")
+    page = report.build_page(results, found, dataset=label)
+    html_path = report.write_page(out / "report.html", page)
+    from kwire.report_print import print_clients, print_findings, print_summary, print_tables
 
-    explaining = {name for f in found for name in EXPLAINED_BY.get(f.kind, ())}
-    for name, rows in results.items():
-        cols = [c for c in report.HEADLINE_COLUMNS.get(name, []) if rows and c in rows[0]]
-        if rows and cols and not name.endswith("_timeline") and (tables or name in explaining):
-            console.print(_rich_table(name, rows, cols, top))
+    print_summary(console, page.summary)
+    print_findings(console, found)
+    print_clients(console, page.summary, limit=None if tables else top, everyone=tables)
+    if tables:
+        print_tables(console, page.tables)
+    elif page.tables:
+        console.print(f"{len(page.tables)} supporting tables: --tables prints them; report.html shows them")
     console.print(
         f"results: {out}/<result>/ (Parquet); report: {html_path}; {time.perf_counter() - start:.1f}s"
     )
+
+
+def _safe_name(text: str) -> str:
+    import re
+
+    return re.sub(r"[^A-Za-z0-9._+-]+", "_", text)[:80]
+
+
+def _sources(dataset: Path) -> set[str]:
+    """The ``source`` values of a dataset (read from its Parquet with pyarrow)."""
+    import pyarrow.dataset as pads
+
+    found: set[str] = set()
+    for table in ("exchanges", "connections"):
+        folder = dataset / table
+        if folder.is_dir() and any(folder.rglob("*.parquet")):
+            col = pads.dataset(folder, format="parquet", partitioning="hive").to_table(columns=["source"])
+            found.update(v for v in col.column("source").unique().to_pylist() if v is not None)
+    return found
 
 
 def audit(

@@ -21,6 +21,7 @@ from spark_jobs import (
     outages,
     producer_acks,
     protocol_anomalies,
+    report_timeline,
     timelines,
     unsupported_versions,
 )
@@ -41,6 +42,7 @@ JOBS: dict[str, Callable[..., dict[str, DataFrame]]] = {
     "leader_skew": leader_skew.run,
     "client_inventory": client_inventory.run,
     "timelines": timelines.run,
+    "incident_timeline": report_timeline.run,
 }
 
 

@@ -21,13 +21,20 @@ if __package__ in (None, ""):  # spark-submit runs this file as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from spark_jobs.common import Tables, combine_runs, load_tables
 from spark_jobs.jobs import JOBS, parse_job_list, run_jobs
 from spark_jobs.kafka_versions import BrokerVersions, load_broker_versions
 from spark_jobs.session import build_session
 
-__all__ = ["analyse", "main", "write_results"]
+__all__ = ["analyse", "main", "only_sources", "write_results"]
+
+
+def only_sources(tables: Tables, sources: list[str]) -> Tables:
+    """The tables cut down to the runs whose ``source`` is one of ``sources``."""
+    keep = F.col("source").isin(list(sources))
+    return Tables(tables.exchanges.where(keep), tables.connections.where(keep))
 
 
 def write_results(results: dict[str, DataFrame], out: str | Path, *, log=None) -> dict[str, float]:
@@ -54,6 +61,7 @@ def analyse(
     options: dict | None = None,
     parallel: int = 2,
     combined: bool = False,
+    sources: list[str] | None = None,
     log=None,
 ) -> tuple[Tables, dict[str, DataFrame], dict[str, float]]:
     """Run ``jobs`` (default: all) over ``dataset`` and write their results under ``out``.
@@ -63,10 +71,13 @@ def analyse(
 
     ``parallel`` jobs run at once, each writing its own results in order: much of a job's time
     is driver work and single-task stages, and Spark runs another job's tasks on the idle cores.
+    ``sources``: analyse only these runs (``source`` values) of the dataset.
     """
     # Each job scans the Parquet for its own columns: caching the whole table in memory first
     # was measured slower (decoding every column into the cache costs more than the scans).
     tables = load_tables(spark, dataset)
+    if sources:
+        tables = only_sources(tables, sources)
     if combined:
         tables = combine_runs(tables)
     context = {"spark": spark, "versions": versions, "target_releases": list(target_releases)}
@@ -115,6 +126,9 @@ def main(argv: list[str] | None = None, *, job: str | None = None) -> int:
         action="store_true",
         help="analyse all sources (capture files, proxies) as one run: one client id is one client",
     )
+    parser.add_argument(
+        "--source", action="append", default=[], help="analyse only this source of the dataset (repeatable)"
+    )
     args = parser.parse_args(argv)
     try:
         names = [job] if job else parse_job_list(args.jobs)
@@ -141,6 +155,7 @@ def main(argv: list[str] | None = None, *, job: str | None = None) -> int:
         versions=versions,
         target_releases=releases,
         combined=args.combine_runs,
+        sources=args.source or None,
         log=print,
     )
     print(f"done in {time.perf_counter() - start:.1f}s -> {args.out}")
