@@ -841,19 +841,7 @@ def iter_segments(path: str | os.PathLike[str], stats: CaptureStats | None = Non
     and the byte offset. OSError (missing file, ...) passes through.
     """
     name = os.fspath(path)
-    if stats is None:
-        stats = CaptureStats()
-    f, head = _open(path, name)
-    r = _Reader(f, name, stats)
-    stats.files += 1
-    try:
-        if head == _PCAPNG_MAGIC:
-            yield from _pcapng_records(r, head)
-        else:
-            yield from _pcap_records(r, head)
-    finally:
-        r.flush(0)
-        f.close()
+    yield from _segments(path, name, stats, None)
 
 
 def iter_stream_segments(
@@ -862,9 +850,16 @@ def iter_stream_segments(
     """`iter_segments` over a pcap or pcapng byte stream that is not a file: standard input, a pipe
     from `tcpdump -w -` or `dumpcap -w -`. Each packet is yielded as soon as its record has
     arrived. The stream is closed at the end."""
+    yield from _segments(name, name, stats, stream)
+
+
+def _segments(
+    path: str | os.PathLike[str], name: str, stats: CaptureStats | None, stream: BinaryIO | None
+) -> Iterator[TcpSegment]:
+    """The records of one capture (a file at `path`, or `stream`), counted in `stats`."""
     if stats is None:
         stats = CaptureStats()
-    f, head = _open(name, name, stream)
+    f, head = _open(path, name, stream)
     r = _Reader(f, name, stats)
     stats.files += 1
     try:

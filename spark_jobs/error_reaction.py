@@ -298,6 +298,11 @@ def _dominant(prefix: str = "n_") -> Column:
     return best
 
 
+def _counted(count: str, text: str) -> Column:
+    """``"<n><text>"`` when the row's ``count`` column is positive."""
+    return F.when(F.col(count) > 0, F.concat(F.col(count).cast("string"), F.lit(text)))
+
+
 def _wire_text(verdict: Column) -> tuple[Column, Column]:
     """(``wire_shows``, ``wire_cannot_show``) for a summary row, from its counts."""
     shows = F.concat_ws(
@@ -332,25 +337,15 @@ def _wire_text(verdict: Column) -> tuple[Column, Column]:
     )
     cannot = F.concat_ws(
         "; ",
-        F.when(
-            F.col("retries_inferred") > 0,
-            F.concat(
-                F.col("retries_inferred").cast("string"),
-                F.lit(
-                    " re-sends inferred, not seen: the client re-encoded the batch (new timestamps and CRC), so "
-                    "the wire shows only that it refreshed and wrote its next batch to the leader named"
-                ),
-            ),
+        _counted(
+            "retries_inferred",
+            " re-sends inferred, not seen: the client re-encoded the batch (new timestamps and CRC), so "
+            "the wire shows only that it refreshed and wrote its next batch to the leader named",
         ),
-        F.when(
-            F.col("retries_by_partition") > 0,
-            F.concat(
-                F.col("retries_by_partition").cast("string"),
-                F.lit(
-                    " retries are the client's next request for the partition: without batch identity "
-                    "(not a Produce batch, or none decoded) a retry cannot be told from new data"
-                ),
-            ),
+        _counted(
+            "retries_by_partition",
+            " retries are the client's next request for the partition: without batch identity "
+            "(not a Produce batch, or none decoded) a retry cannot be told from new data",
         ),
         F.when(
             F.col("batches_dropped") > 0,

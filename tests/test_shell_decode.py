@@ -324,7 +324,23 @@ def test_stdin_fed_by_tcpdump_matches_a_capture_file(lab_broker: Any, tmp_path: 
     _tcpdump_or_skip()
     bpf = f"host {lab_broker.host} and tcp port {lab_broker.port}"
     live = subprocess.Popen(
-        ["tcpdump", "-i", "lo", "-U", "--immediate-mode", "-B", "65536", "-s", "0", "-n", "-w", "-", "-Z", "root", bpf],
+        [
+            "tcpdump",
+            "-i",
+            "lo",
+            "-U",
+            "--immediate-mode",
+            "-B",
+            "65536",
+            "-s",
+            "0",
+            "-n",
+            "-w",
+            "-",
+            "-Z",
+            "root",
+            bpf,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
@@ -366,9 +382,18 @@ def test_stdin_fed_by_tcpdump_matches_a_capture_file(lab_broker: Any, tmp_path: 
 
     stream_rows = {untimed(r) for r in streamed}
     missing = [r for r in from_file if untimed(r) not in stream_rows]
+
     def differences(row: dict[str, Any]) -> dict[str, Any]:
-        same = [r for r in streamed if (r["client_port"], r["correlation_id"]) == (row["client_port"], row["correlation_id"])]
-        return {k: (v, [r.get(k) for r in same]) for k, v in row.items() if k not in timed and any(r.get(k) != v for r in same)}
+        same = [
+            r
+            for r in streamed
+            if (r["client_port"], r["correlation_id"]) == (row["client_port"], row["correlation_id"])
+        ]
+        return {
+            k: (v, [r.get(k) for r in same])
+            for k, v in row.items()
+            if k not in timed and any(r.get(k) != v for r in same)
+        }
 
     assert from_file and not missing, [differences(r) for r in missing[:3]]
 
