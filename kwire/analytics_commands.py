@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -17,6 +16,8 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from kwire.sql_command import sql
 
 __all__ = ["analyze", "audit", "sql"]
 
@@ -169,12 +170,12 @@ def analyze(
     except OSError as exc:
         raise _fail(f"cannot create {out}: {exc.strerror or exc}") from None
 
-    from spark_jobs.session import build_session
+    from spark_jobs.session import build_session, dataset_bytes
     from spark_jobs.submit import analyse
 
     console = _console()
     start = time.perf_counter()
-    spark = build_session(master, "kwire-analyze")
+    spark = build_session(master, "kwire-analyze", data_bytes=dataset_bytes(dataset))
     with console.status("running Spark jobs..."):
         analyse(
             spark,
@@ -299,102 +300,3 @@ def audit(
             highlight=False,
         )
     raise typer.Exit(1 if blocking else 0)
-
-
-def _register_views(spark, dataset: Path, console: Console | None = None) -> list[str]:
-    from pyspark.sql import functions as F
-
-    from spark_jobs.common import load_tables
-
-    tables = load_tables(spark, dataset)
-    tables.exchanges.createOrReplaceTempView("exchanges")
-    tables.connections.createOrReplaceTempView("connections")
-    pe = (
-        tables.exchanges.select(
-            "source",
-            "connection_id",
-            "client_id",
-            "client_ip",
-            "client_software_name",
-            "broker_ip",
-            "broker_port",
-            "request_time",
-            "response_time",
-            "api_key",
-            "api_name",
-            "api_version",
-            "correlation_id",
-            "group_id",
-            F.explode("partition_errors").alias("pe"),
-            "date",
-        )
-        .select("*", "pe.topic", "pe.topic_id", "pe.partition", "pe.resource", "pe.error_code")
-        .drop("pe")
-    )
-    pe.createOrReplaceTempView("partition_errors")
-    views = ["exchanges", "connections", "partition_errors"]
-    report_dir = dataset / "report"
-    if report_dir.is_dir():
-        for sub in sorted(report_dir.iterdir()):
-            if sub.is_dir() and any(sub.glob("*.parquet")) and sub.name.isidentifier():
-                spark.read.parquet(str(sub)).createOrReplaceTempView(sub.name)
-                views.append(sub.name)
-    return views
-
-
-def sql(
-    dataset: Annotated[Path, typer.Argument(help="dataset directory")],
-    query: Annotated[
-        str | None, typer.Argument(help="a Spark SQL query; without it, read queries from stdin")
-    ] = None,
-    master: Annotated[str | None, typer.Option(help="Spark master URL [default: local[*]]")] = None,
-    limit: Annotated[int, typer.Option(help="rows to print per query")] = 100,
-) -> None:
-    """Spark SQL over the dataset and its analysis results.
-
-    Views: exchanges, connections, partition_errors (one row per partition result), and one per
-    result found under DATASET/report/. Without a query: one query per line until EOF or quit.
-    """
-    _check_dataset(dataset)
-    from pyspark.errors import PySparkException
-
-    from spark_jobs.session import build_session
-
-    spark = build_session(master, "kwire-sql")
-    views = _register_views(spark, dataset)
-    console = _console()
-
-    def run(text: str) -> bool:
-        try:
-            df = spark.sql(text)
-            rows = [r.asDict(recursive=True) for r in df.limit(limit + 1).collect()]
-        except PySparkException as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            _err.print(f"[red]error:[/red] {first}", highlight=False, soft_wrap=True)
-            return False
-        shown = rows[:limit]
-        table = _rich_table(text[:60], shown, df.columns, limit, merge_client=False)
-        if len(rows) > limit:  # "(5 rows)", then say there are more, rather than "(first 5) (6 rows)"
-            table.title = f"{text[:60]} (first {limit} rows; more not shown, see --limit)"
-        console.print(table)
-        return True
-
-    if query is not None:
-        raise typer.Exit(0 if run(query) else 1)
-    interactive = sys.stdin.isatty()
-    if interactive:
-        console.print(f"views: {', '.join(views)}; one query per line, 'quit' or Ctrl-D to leave")
-    failed = False
-    while True:
-        if interactive:
-            console.print("kwire-sql> ", end="")
-        line = sys.stdin.readline()
-        if not line:
-            break
-        text = line.strip().rstrip(";").strip()
-        if not text or text.startswith("--"):
-            continue
-        if text.lower() in ("quit", "exit", r"\q"):
-            break
-        failed |= not run(text)
-    raise typer.Exit(1 if failed else 0)

@@ -13,13 +13,62 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-__all__ = ["build_session", "is_local_master"]
+__all__ = [
+    "SMALL_DATA_BYTES",
+    "build_session",
+    "dataset_bytes",
+    "is_local_master",
+    "small_data",
+    "small_data_sql_conf",
+]
 
 _LOG4J = Path(__file__).with_name("log4j2.properties")
+
+#: A local dataset up to this many bytes of Parquet is "small" (about 100k exchanges take a few
+#: MB): its run is dominated by fixed costs (JVM warm-up, query planning, code generation), not
+#: by rows, and gets the small-data settings below.
+SMALL_DATA_BYTES = 64 << 20
+
+#: Small data: one shuffle partition (a few thousand rows fit one task); no adaptive execution
+#: (it re-plans after every shuffle, one more Spark job each); no code generation (compiling a
+#: Java class per stage and expression costs more CPU than interpreting a few rows). These are
+#: the settings the job tests run every job with (tests/spark_fixtures.py).
+_SMALL_SQL_CONF = {
+    "spark.sql.shuffle.partitions": "1",
+    "spark.sql.adaptive.enabled": "false",
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+}
+#: Small data: the JIT's first tier only (C2 compiles Spark's planner for seconds of CPU that a
+#: short run never earns back) and the serial collector (a heap of a few hundred MB).
+_SMALL_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def is_local_master(master: str | None) -> bool:
     return master is None or master.startswith("local")
+
+
+def dataset_bytes(dataset: str | Path) -> int | None:
+    """Bytes of Parquet under a local dataset folder (None for a cluster path like hdfs://)."""
+    if "://" in str(dataset):
+        return None
+    root = Path(dataset)
+    return sum(p.stat().st_size for p in root.rglob("*.parquet") if p.is_file()) if root.is_dir() else 0
+
+
+def small_data(data_bytes: int | None) -> bool:
+    """Whether a local run over ``data_bytes`` of Parquet gets the small-data settings.
+    ``$KWIRE_SPARK_PROFILE`` = ``small`` or ``large`` overrides the size rule (``auto``)."""
+    forced = os.environ.get("KWIRE_SPARK_PROFILE", "auto").lower()
+    if forced in ("small", "large"):
+        return forced == "small"
+    return data_bytes is not None and data_bytes <= SMALL_DATA_BYTES
+
+
+def small_data_sql_conf() -> dict[str, str]:
+    """The Spark SQL settings of a small-data run (a long-lived session may want these without
+    the JVM options, which suit short runs)."""
+    return dict(_SMALL_SQL_CONF)
 
 
 def build_session(
@@ -30,6 +79,7 @@ def build_session(
     driver_memory: str | None = None,
     ui: bool = False,
     extra_conf: dict[str, str] | None = None,
+    data_bytes: int | None = None,
 ) -> SparkSession:
     """Return a SparkSession (a new one, or the active one if it already runs).
 
@@ -37,6 +87,8 @@ def build_session(
     ``local[*]``. ``shuffle_partitions``: defaults to 2 per local core (local masters only;
     a cluster keeps its own setting). ``driver_memory`` only applies to a local master,
     whose JVM this call starts (default 4g, or ``$KWIRE_SPARK_DRIVER_MEMORY``).
+    ``data_bytes``: the input's size (:func:`dataset_bytes`); a small input on a local master
+    gets settings for small data (:func:`small_data`), measured to halve the CPU of a run.
     """
     active = SparkSession.getActiveSession()
     if active is not None:  # already running (a test fixture, a notebook): use it as it is
@@ -69,6 +121,13 @@ def build_session(
         conf["spark.driver.extraJavaOptions"] = (
             f"-Dlog4j2.configurationFile={_LOG4J.as_uri()} -XX:+UseParallelGC"
         )
+        if small_data(data_bytes):
+            conf["spark.driver.extraJavaOptions"] = (
+                f"-Dlog4j2.configurationFile={_LOG4J.as_uri()} {_SMALL_JVM_OPTIONS}"
+            )
+            conf.update(_SMALL_SQL_CONF)
+            if shuffle_partitions:
+                conf["spark.sql.shuffle.partitions"] = str(shuffle_partitions)
         # Shuffle files stay on this machine's disk (mostly its page cache): compressing them is
         # CPU spent for nothing. A cluster keeps compression (the files cross the network).
         conf["spark.shuffle.compress"] = "false"

@@ -26,7 +26,7 @@ from pyspark.sql import functions as F
 from spark_jobs.common import Tables, combine_runs, load_tables
 from spark_jobs.jobs import JOBS, parse_job_list, run_jobs
 from spark_jobs.kafka_versions import BrokerVersions, load_broker_versions
-from spark_jobs.session import build_session
+from spark_jobs.session import build_session, dataset_bytes
 
 __all__ = ["analyse", "main", "only_sources", "write_results"]
 
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None, *, job: str | None = None) -> int:
     if "://" not in args.dataset and not Path(args.dataset).is_dir():
         print(f"error: no dataset at {args.dataset}", file=sys.stderr)
         return 2
-    spark = build_session(args.master, "kwire-jobs")
+    spark = build_session(args.master, "kwire-jobs", data_bytes=dataset_bytes(args.dataset))
     start = time.perf_counter()
     analyse(
         spark,

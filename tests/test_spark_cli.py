@@ -159,6 +159,6 @@ def test_analyze_writes_results_and_report_then_sql_reads_them(spark, tmp_path):
     )
     interactive = runner.invoke(app, ["sql", str(ds)], input=lines)
     assert interactive.exit_code == 1  # the second query failed, with a one-line error
-    assert "│ 4 " in interactive.stdout and "error:" in interactive.output
+    assert re.search(r"^n\n4$", interactive.stdout, re.M) and "error:" in interactive.output
     bad = runner.invoke(app, ["analyze", str(ds), "--only", "nope"])
     assert bad.exit_code == 2 and "unknown job" in bad.output

@@ -1,0 +1,497 @@
+"""``kwire sql``: Spark SQL over a dataset and its analysis results, printed like ``kwire decode -T``.
+
+A query runs in one of two places:
+
+* a **warm server** started with ``kwire sql DATASET --serve``: a Spark session that stays up with
+  a Spark Connect endpoint on loopback (``sc://127.0.0.1:15002``) and the dataset registered as
+  catalog tables. It leaves ``DATASET/.kwire-sql-server.json``; a later ``kwire sql DATASET QUERY``
+  finds it and sends the query there, paying no JVM start. Notebooks and BI tools that speak
+  Spark Connect can use the same endpoint.
+* otherwise a **local session** started for this one command (a JVM start, several seconds).
+
+Output: ``-T table|json|jsonl|csv|fields`` with :class:`kwire.rowprint.RowPrinter`, times in UTC
+with microseconds. A failing query prints one line on stderr and exits 1; the JVM's own output
+(warnings, logs, Java stack traces) goes to a log file, never to the terminal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+__all__ = [
+    "SERVER_FILE",
+    "ServerInfo",
+    "error_line",
+    "find_server",
+    "register_tables",
+    "register_views",
+    "serve",
+    "sql",
+]
+
+#: The warm server's address file, inside the dataset it serves.
+SERVER_FILE = ".kwire-sql-server.json"
+DEFAULT_PORT = 15002  # Spark Connect's usual port: what notebooks and BI tools try first
+
+#: One row per partition (or resource) result of an exchange.
+_PARTITION_ERRORS_SQL = """
+SELECT source, connection_id, client_id, client_ip, client_software_name, broker_ip, broker_port,
+       request_time, response_time, api_key, api_name, api_version, correlation_id, group_id,
+       pe.topic, pe.topic_id, pe.partition, pe.resource, pe.error_code, date
+FROM exchanges LATERAL VIEW explode(partition_errors) pe_t AS pe
+"""
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    return typer.Exit(code)
+
+
+def error_line(exc: BaseException) -> str:
+    """One line for a failed query: Spark's error class and message, never a Java stack trace."""
+    java = getattr(exc, "java_exception", None)  # py4j's Py4JJavaError: the Java exception's message
+    text = str(java.getMessage() if java is not None else exc).strip()
+    if not text:
+        return type(exc).__name__
+    line = text.splitlines()[0].strip()
+    # Spark Connect wraps the message: "(org.apache.spark.sql.AnalysisException) [CLASS] text"
+    return re.sub(r"^\([\w.$]+\)\s*", "", line)
+
+
+# --- views and tables -------------------------------------------------------------------------
+
+
+def _result_dirs(dataset: Path) -> dict[str, Path]:
+    """Analysis results under DATASET/report/ that can be a table: ``name -> folder``."""
+    report = dataset / "report"
+    if not report.is_dir():
+        return {}
+    return {
+        sub.name: sub
+        for sub in sorted(report.iterdir())
+        if sub.is_dir() and sub.name.isidentifier() and any(sub.glob("*.parquet"))
+    }
+
+
+def _mentions(query: str | None) -> set[str] | None:
+    """The lower-case words of a query (None: register everything, e.g. for stdin queries)."""
+    return None if query is None else {w.lower() for w in re.findall(r"[A-Za-z_]\w*", query)}
+
+
+def register_views(spark, dataset: Path, query: str | None = None) -> list[str]:
+    """Temp views in ``spark``: exchanges, connections, partition_errors and one per result.
+
+    With ``query``, a result folder is only read (a file listing and a footer read each) when
+    the query names it: a cold ``kwire sql`` then does not pay for twenty results it never reads.
+    """
+    from spark_jobs.common import load_tables
+
+    tables = load_tables(spark, dataset)
+    tables.exchanges.createOrReplaceTempView("exchanges")
+    tables.connections.createOrReplaceTempView("connections")
+    spark.sql(_PARTITION_ERRORS_SQL).createOrReplaceTempView("partition_errors")
+    views = ["exchanges", "connections", "partition_errors"]
+    wanted = _mentions(query)
+    for name, folder in _result_dirs(dataset).items():
+        if wanted is None or name.lower() in wanted:
+            spark.read.parquet(str(folder)).createOrReplaceTempView(name)
+        views.append(name)
+    return views
+
+
+def _ddl(spark, schema) -> str:
+    return spark._jvm.org.apache.spark.sql.types.DataType.fromJson(schema.json()).toDDL()
+
+
+def register_tables(spark, dataset: Path) -> list[str]:
+    """Catalog tables (seen by every Spark Connect session, unlike temp views) over the dataset:
+    exchanges and connections (partitioned by ``date``, with kwire's schema), one per analysis
+    result, and the view partition_errors."""
+    from spark_jobs.common import connections_spark_schema, exchanges_spark_schema
+
+    def q(path: Path) -> str:
+        return str(path.resolve()).replace("\\", "\\\\").replace("'", "\\'")
+
+    names = []
+    for name, schema in (
+        ("exchanges", exchanges_spark_schema()),
+        ("connections", connections_spark_schema()),
+    ):
+        spark.sql(f"DROP TABLE IF EXISTS {name}")
+        spark.sql(
+            f"CREATE TABLE {name} ({_ddl(spark, schema)}) USING parquet PARTITIONED BY (date) "
+            f"LOCATION '{q(dataset / name)}'"
+        )
+        if (dataset / name).is_dir():
+            spark.sql(f"ALTER TABLE {name} RECOVER PARTITIONS")
+        names.append(name)
+    spark.sql("DROP VIEW IF EXISTS partition_errors")
+    spark.sql(f"CREATE VIEW partition_errors AS {_PARTITION_ERRORS_SQL}")
+    names.append("partition_errors")
+    for name, folder in _result_dirs(dataset).items():
+        spark.sql(f"DROP TABLE IF EXISTS {name}")
+        spark.sql(f"CREATE TABLE {name} USING parquet LOCATION '{q(folder)}'")
+        names.append(name)
+    return names
+
+
+# --- the warm server --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What ``DATASET/.kwire-sql-server.json`` says of a running ``kwire sql --serve``."""
+
+    url: str
+    host: str
+    port: int
+    pid: int
+    dataset: str
+    tables: list[str]
+
+
+def _read_server_file(dataset: Path) -> ServerInfo | None:
+    try:
+        doc = json.loads((dataset / SERVER_FILE).read_text())
+        return ServerInfo(**{k: doc[k] for k in ServerInfo.__dataclass_fields__})
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _accepts(host: str, port: int, timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def find_server(dataset: Path) -> ServerInfo | None:
+    """The warm server serving ``dataset``, if one runs and accepts connections; else None."""
+    info = _read_server_file(dataset)
+    if info is None or Path(info.dataset) != dataset.resolve():
+        return None
+    if not _alive(info.pid) or not _accepts(info.host, info.port):
+        return None
+    return info
+
+
+@contextlib.contextmanager
+def _jvm_output_to(log: Path) -> Iterator[None]:
+    """Start the JVM inside this block with its stderr (and stdout) going to ``log``: the JVM
+    inherits file descriptors 1 and 2 when it starts, and keeps them; this process's are restored."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for f in (fd, *saved):
+            os.close(f)
+
+
+def _start_session(
+    master: str | None,
+    app: str,
+    log: Path,
+    extra_conf: dict[str, str] | None = None,
+    data_bytes: int | None = None,
+):
+    from spark_jobs.session import build_session
+
+    try:
+        with _jvm_output_to(log):
+            spark = build_session(master, app, extra_conf=extra_conf, data_bytes=data_bytes)
+    except Exception as exc:
+        raise _fail(f"Spark did not start: {error_line(exc)} (JVM log: {log})", 1) from None
+    return spark
+
+
+def _dataset_state(dataset: Path) -> frozenset[tuple[str, int, int]]:
+    """The dataset's Parquet files with their sizes and times: it changes when files do."""
+    found = set()
+    for p in dataset.rglob("*.parquet"):
+        with contextlib.suppress(OSError):
+            st = p.stat()
+            found.add((str(p), st.st_size, st.st_mtime_ns))
+    return frozenset(found)
+
+
+def serve(
+    dataset: Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    master: str | None = None,
+    ready: threading.Event | None = None,
+    stop: threading.Event | None = None,
+) -> None:
+    """Run a Spark session with a Spark Connect endpoint at ``sc://host:port`` serving ``dataset``
+    as catalog tables, until SIGINT/SIGTERM (or ``stop`` is set). Writes DATASET/.kwire-sql-server.json
+    while it runs, and registers the tables again when the dataset's Parquet files change (a new
+    ``kwire analyze``). The JVM's log goes to DATASET/.kwire-sql-server.log."""
+    if _accepts(host, port, 0.5):
+        raise _fail(f"{host}:{port} is already in use (another server? choose --port)")
+    from spark_jobs.session import dataset_bytes, small_data, small_data_sql_conf
+
+    log = dataset / ".kwire-sql-server.log"
+    warehouse = tempfile.mkdtemp(prefix="kwire-sql-warehouse-")
+    # A long-lived JVM keeps the full JIT (it earns it back); small data gets the small-data SQL
+    # settings, which cut a query's planning and code generation.
+    sql_conf = small_data_sql_conf() if small_data(dataset_bytes(dataset)) else {}
+    spark = _start_session(
+        master,
+        "kwire-sql-server",
+        log,
+        {
+            **sql_conf,
+            "spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
+            "spark.connect.grpc.binding.address": host,
+            "spark.connect.grpc.binding.port": str(port),
+            # catalog tables are external (the dataset's own folders); nothing lands in the cwd
+            "spark.sql.warehouse.dir": Path(warehouse).as_uri(),
+        },
+    )
+    stop = stop or threading.Event()
+    state = dataset / SERVER_FILE
+    try:
+        tables = register_tables(spark, dataset)
+        url = f"sc://{host}:{port}"
+        info = ServerInfo(url, host, port, os.getpid(), str(dataset.resolve()), tables)
+        state.write_text(json.dumps(info.__dict__, indent=2) + "\n")
+        print(
+            f"serving {dataset} at {url} (Spark Connect): tables {', '.join(tables)}; "
+            f"`kwire sql {dataset} QUERY` uses it; Ctrl-C stops it",
+            flush=True,
+        )
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGHUP):
+                signal.signal(sig, lambda *_: stop.set())
+        if ready is not None:
+            ready.set()
+        seen = _dataset_state(dataset)
+        with contextlib.suppress(KeyboardInterrupt):
+            while not stop.wait(1.0):
+                now = _dataset_state(dataset)
+                if now != seen:  # a new decode or `kwire analyze` run: serve what is there now
+                    seen = now
+                    tables = register_tables(spark, dataset)
+                    info = ServerInfo(url, host, port, os.getpid(), str(dataset.resolve()), tables)
+                    state.write_text(json.dumps(info.__dict__, indent=2) + "\n")
+    finally:
+        with contextlib.suppress(OSError):
+            if _read_server_file(dataset) is not None and _read_server_file(dataset).pid == os.getpid():
+                state.unlink()
+        spark.stop()
+        shutil.rmtree(warehouse, ignore_errors=True)
+
+
+# --- printing ---------------------------------------------------------------------------------
+
+
+def _utc(value: Any) -> Any:
+    """Spark hands a TIMESTAMP back as a naive datetime in this process's local time: make it an
+    aware UTC time (printed with a Z), in nested values too."""
+    if isinstance(value, dt.datetime) and value.tzinfo is None:
+        return value.astimezone(dt.UTC)
+    if isinstance(value, dict):
+        return {k: _utc(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_utc(v) for v in value]
+    return value
+
+
+def _utc_columns(schema) -> set[str]:
+    """Top-level columns whose type holds a TIMESTAMP (not a TIMESTAMP_NTZ, which has no zone)."""
+    return {f.name for f in schema.fields if re.search(r"\btimestamp\b(?!_ntz)", f.dataType.simpleString())}
+
+
+def _print_result(df, fmt: str, limit: int) -> int:
+    """Collect up to ``limit`` rows (0: all) of ``df`` and print them; returns the rows printed."""
+    from kwire.rowprint import RowPrinter
+
+    rows = df.limit(limit + 1).collect() if limit else df.collect()
+    more = bool(limit) and len(rows) > limit
+    rows = rows[:limit] if limit else rows
+    columns = list(df.columns)
+    stamped = _utc_columns(df.schema)
+    dicts = []
+    for r in rows:
+        d = r.asDict(recursive=True)
+        for c in stamped:
+            d[c] = _utc(d[c])
+        dicts.append(d)
+    printer = RowPrinter(fmt, columns, sys.stdout)
+    printer.write(dicts)
+    printer.close()
+    if more:
+        print(f"(first {limit} rows shown; --limit N to see more, --limit 0 for all)", file=sys.stderr)
+    return len(dicts)
+
+
+def _quiet_pyspark_errors() -> None:
+    """PySpark logs every failed query's error with its Java stack trace (as JSON, on stderr)
+    before raising it: the one-line error printed here says it already."""
+    import logging
+
+    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+        logging.getLogger(name).disabled = True
+
+
+def _run_query(spark, text: str, fmt: str, limit: int) -> bool:
+    try:
+        _print_result(spark.sql(text), fmt, limit)
+    except Exception as exc:  # any Spark error (Py4JError, PySparkException): one line, session kept
+        if isinstance(exc, BrokenPipeError):
+            raise
+        print(f"error: {error_line(exc)}", file=sys.stderr, flush=True)
+        return False
+    return True
+
+
+def _remote_session(info: ServerInfo):
+    from pyspark.sql import SparkSession
+
+    return SparkSession.builder.remote(info.url).getOrCreate()
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+def sql(
+    dataset: Annotated[Path, typer.Argument(help="dataset directory")],
+    query: Annotated[
+        str | None, typer.Argument(help="a Spark SQL query; without it, read queries from stdin")
+    ] = None,
+    fmt: Annotated[
+        str, typer.Option("-T", "--format", help="table | json | jsonl | csv | fields (as kwire decode -T)")
+    ] = "table",
+    limit: Annotated[int, typer.Option(help="rows to print per query (0: all)")] = 100,
+    master: Annotated[str | None, typer.Option(help="Spark master URL [default: local[*]]")] = None,
+    serve_: Annotated[
+        bool,
+        typer.Option(
+            "--serve",
+            help="keep a warm Spark session with a Spark Connect endpoint; later `kwire sql` calls "
+            "on this dataset use it (and notebooks/BI tools can connect)",
+        ),
+    ] = False,
+    host: Annotated[
+        str, typer.Option(help="--serve: address to listen on (loopback by default)")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="--serve: Spark Connect port")] = DEFAULT_PORT,
+    remote: Annotated[
+        str | None,
+        typer.Option(
+            help="Spark Connect URL to send queries to (sc://host:port) [default: the dataset's server]"
+        ),
+    ] = None,
+    local: Annotated[
+        bool, typer.Option("--local", help="start a local session even when a server serves the dataset")
+    ] = False,
+) -> None:
+    """Spark SQL over the dataset and its analysis results.
+
+    Tables: exchanges, connections, partition_errors (one row per partition result), and one per
+    result under DATASET/report/. Without a query: one query per line until EOF or quit.
+    `kwire sql DATASET --serve` keeps Spark warm for later queries.
+    """
+    from kwire.rowprint import FORMATS
+
+    if fmt not in FORMATS:
+        raise _fail(f"-T {fmt}: unknown format (one of {', '.join(FORMATS)})")
+    if limit < 0:
+        raise _fail("--limit must be 0 (all rows) or more")
+    if not dataset.is_dir():
+        raise _fail(f"no dataset at {dataset}")
+    if not (dataset / "exchanges").is_dir() and not (dataset / "connections").is_dir():
+        raise _fail(f"{dataset} is not a kwire dataset (no exchanges/ or connections/ inside)")
+    if serve_:
+        if query is not None:
+            raise _fail("--serve takes no query: it serves until stopped")
+        serve(dataset, host=host, port=port, master=master)
+        return
+
+    info = None
+    if remote is not None:
+        m = re.fullmatch(r"sc://([^:/]+):(\d+)/?", remote)
+        if not m:
+            raise _fail(f"--remote {remote}: expected sc://HOST:PORT")
+        info = ServerInfo(remote, m[1], int(m[2]), 0, str(dataset.resolve()), [])
+    elif not local:
+        info = find_server(dataset)
+    if info is not None:
+        try:
+            spark = _remote_session(info)
+        except Exception as exc:
+            raise _fail(f"cannot use the Spark Connect server at {info.url}: {error_line(exc)}", 1) from None
+        views = info.tables
+    else:
+        log = Path(tempfile.gettempdir()) / f"kwire-sql-{os.getpid()}.log"
+        from spark_jobs.session import dataset_bytes
+
+        spark = _start_session(master, "kwire-sql", log, data_bytes=dataset_bytes(dataset))
+        try:
+            views = register_views(spark, dataset, query)
+        except Exception as exc:
+            raise _fail(f"cannot read {dataset}: {error_line(exc)}", 1) from None
+        finally:
+            with contextlib.suppress(OSError):
+                log.unlink()  # the JVM keeps writing to its open file; nothing is left behind
+
+    _quiet_pyspark_errors()
+    if query is not None:
+        raise typer.Exit(0 if _run_query(spark, query, fmt, limit) else 1)
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print(f"tables: {', '.join(views)}; one query per line, 'quit' or Ctrl-D to leave")
+    failed = False
+    while True:
+        if interactive:
+            print("kwire-sql> ", end="", flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            break
+        text = line.strip().rstrip(";").strip()
+        if not text or text.startswith("--"):
+            continue
+        if text.lower() in ("quit", "exit", r"\q"):
+            break
+        started = time.perf_counter()
+        ok = _run_query(spark, text, fmt, limit)
+        failed |= not ok
+        if interactive and ok:
+            print(f"({time.perf_counter() - started:.2f}s)", file=sys.stderr)
+    raise typer.Exit(1 if failed else 0)

@@ -1,0 +1,247 @@
+"""`kwire sql`: -T formats, microsecond UTC times, one-line errors, and the warm Spark Connect server.
+
+The dataset is a shipped capture decoded by `kwire decode`, plus one analysis result written as
+Parquet; every printed row is compared with the rows pyarrow reads from the same files. The cold
+path and the server run as real `kwire` processes (a real JVM each), bounded by timeouts and
+stopped by process group.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+pytest.importorskip("pyspark")
+import typer
+from spark_fixtures import spark  # noqa: F401
+from typer.testing import CliRunner
+
+from kwire.sql_command import SERVER_FILE, error_line, find_server, sql
+
+pytestmark = pytest.mark.spark
+
+ROOT = Path(__file__).resolve().parents[1]
+KWIRE = [sys.executable, "-m", "kwire"]
+QUERY = (
+    "SELECT correlation_id, api_name, request_time, latency_us FROM exchanges "
+    "WHERE response_time IS NOT NULL ORDER BY request_time, connection_id, correlation_id"
+)
+app = typer.Typer()
+app.command()(sql)
+app.command("other")(lambda: None)  # two commands: `sql` is then a sub-command, as in kwire
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """captures/tansu-mixed.pcap decoded, with one result under report/ as `kwire analyze` leaves it."""
+    ds = tmp_path_factory.mktemp("sql") / "mixed.kwire"
+    subprocess.run(
+        [*KWIRE, "decode", str(ROOT / "captures" / "tansu-mixed.pcap"), "-o", str(ds)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    (ds / "report" / "client_summary").mkdir(parents=True)
+    pq.write_table(
+        pa.table({"client_id": ["a", "b"], "requests": [3, 5]}),
+        ds / "report" / "client_summary" / "part-0.parquet",
+    )
+    return ds
+
+
+def expected_rows(ds: Path) -> list[dict]:
+    """The QUERY's rows straight from the Parquet files, times as `-T json` prints them."""
+    table = pq.ParquetDataset(ds / "exchanges").read(
+        columns=["connection_id", "correlation_id", "api_name", "request_time", "response_time", "latency_us"]
+    )
+    rows = [r for r in table.to_pylist() if r["response_time"] is not None]
+    rows.sort(key=lambda r: (r["request_time"], r["connection_id"], r["correlation_id"]))
+    return [
+        {
+            "correlation_id": r["correlation_id"],
+            "api_name": r["api_name"],
+            "request_time": r["request_time"].strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "latency_us": r["latency_us"],
+        }
+        for r in rows
+    ]
+
+
+def test_json_csv_table_print_the_parquet_rows(spark, dataset):  # noqa: F811
+    want = expected_rows(dataset)
+    assert len(want) > 100 and any(not r["request_time"].endswith("000Z") for r in want)
+
+    out = runner.invoke(app, ["sql", str(dataset), QUERY, "-T", "json", "--limit", "0"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout) == want
+
+    out = runner.invoke(app, ["sql", str(dataset), QUERY, "-T", "csv", "--limit", "0"])
+    assert out.exit_code == 0, out.output
+    got = list(csv.DictReader(io.StringIO(out.stdout)))
+    assert got == [{k: str(v) for k, v in r.items()} for r in want]
+
+    out = runner.invoke(app, ["sql", str(dataset), QUERY, "--limit", "5"])
+    assert out.exit_code == 0, out.output
+    lines = out.stdout.splitlines()
+    assert lines[0].split() == ["correlation_id", "api_name", "request_time", "latency_us"]
+    assert [line.split() for line in lines[1:]] == [[str(v) for v in r.values()] for r in want[:5]]
+    assert "first 5 rows shown" in out.stderr
+
+
+def test_results_and_partition_errors_are_tables(spark, dataset):  # noqa: F811
+    out = runner.invoke(
+        app, ["sql", str(dataset), "SELECT sum(requests) AS n FROM client_summary", "-T", "jsonl"]
+    )
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout) == {"n": 8}
+    pe = runner.invoke(
+        app, ["sql", str(dataset), "SELECT count(*) AS n FROM partition_errors", "-T", "jsonl"]
+    )
+    table = pq.ParquetDataset(dataset / "exchanges").read(columns=["partition_errors"]).to_pylist()
+    assert json.loads(pe.stdout) == {"n": sum(len(r["partition_errors"] or []) for r in table)}
+
+
+@pytest.mark.parametrize(
+    ("query", "error_class"),
+    [
+        ("SELECT nope FROM nowhere", "TABLE_OR_VIEW_NOT_FOUND"),
+        ("SELEC 1", "PARSE_SYNTAX_ERROR"),
+        ("SELECT CAST('x' AS INT)", "CAST_INVALID_INPUT"),  # fails at run time, not analysis
+    ],
+)
+def test_bad_query_is_one_line_in_process(spark, dataset, query, error_class):  # noqa: F811
+    out = runner.invoke(app, ["sql", str(dataset), query])
+    assert out.exit_code == 1
+    assert out.stdout == ""
+    (line,) = out.stderr.splitlines()
+    assert line.startswith(f"error: [{error_class}]"), line
+
+
+def test_bad_options_exit_2(dataset, tmp_path):
+    for args, message in [
+        ([str(dataset), "SELECT 1", "-T", "xml"], "unknown format"),
+        ([str(tmp_path / "none"), "SELECT 1"], "no dataset"),
+        ([str(dataset), "SELECT 1", "--remote", "localhost:1"], "sc://HOST:PORT"),
+        ([str(dataset), "SELECT 1", "--serve"], "takes no query"),
+    ]:
+        out = runner.invoke(app, ["sql", *args])
+        assert out.exit_code == 2, (args, out.output)
+        (line,) = out.stderr.splitlines()
+        assert message in line
+
+
+def test_error_line_strips_connect_wrapping():
+    assert error_line(ValueError("(org.apache.spark.sql.AnalysisException) [X] bad\nmore")) == "[X] bad"
+
+
+def _run(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([*KWIRE, "sql", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_cold_process_bad_query_has_one_stderr_line(dataset):
+    """A real process with its own JVM: the JVM's warnings and logs stay off the terminal."""
+    done = _run([str(dataset), "SELECT nope FROM nowhere", "--local"])
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [done.stderr.strip()] and done.stderr.startswith(
+        "error: [TABLE_OR_VIEW_NOT_FOUND]"
+    ), done.stderr
+
+
+def _free_port() -> int:
+    import socket
+
+    for port in range(41540, 41560):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    pytest.skip("no free port in 41540-41559")
+
+
+def test_warm_server_answers_later_queries(dataset):
+    port = _free_port()
+    server = subprocess.Popen(
+        [*KWIRE, "sql", str(dataset), "--serve", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while find_server(dataset) is None:
+            assert server.poll() is None, server.communicate(timeout=10)
+            assert time.monotonic() < deadline, "server not ready in 300 s"
+            time.sleep(0.5)
+        info = find_server(dataset)
+        assert info.url == f"sc://127.0.0.1:{port}" and info.pid == server.pid
+        assert {"exchanges", "connections", "partition_errors", "client_summary"} <= set(info.tables)
+
+        done = _run([str(dataset), QUERY, "-T", "json", "--limit", "0"])
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == expected_rows(dataset)
+        assert done.stderr == ""
+
+        done = _run([str(dataset), "SELECT sum(requests) AS n FROM client_summary", "-T", "csv"])
+        assert (done.returncode, done.stdout) == (0, "n\n8\n"), done.stderr
+
+        bad = _run([str(dataset), "SELECT nope FROM nowhere"])
+        assert bad.returncode == 1 and bad.stdout == ""
+        (line,) = bad.stderr.splitlines()
+        assert line.startswith("error: [TABLE_OR_VIEW_NOT_FOUND]"), bad.stderr
+
+        # The server survives a failed query; a result written later (a new `kwire analyze`)
+        # becomes a table without a restart.
+        again = _run([str(dataset), "SELECT count(*) AS n FROM connections", "-T", "jsonl"])
+        assert again.returncode == 0 and json.loads(again.stdout)["n"] > 0, again.stderr
+        (dataset / "report" / "late_result").mkdir()
+        pq.write_table(pa.table({"x": [1, 2, 3]}), dataset / "report" / "late_result" / "part-0.parquet")
+        deadline = time.monotonic() + 120
+        while "late_result" not in find_server(dataset).tables:
+            assert time.monotonic() < deadline, "late_result not registered in 120 s"
+            time.sleep(0.5)
+        late = _run([str(dataset), "SELECT sum(x) AS s FROM late_result", "-T", "csv"])
+        assert (late.returncode, late.stdout) == (0, "s\n6\n"), late.stderr
+
+        # SIGTERM stops it cleanly, removing its file.
+        server.send_signal(signal.SIGTERM)
+        out, _ = server.communicate(timeout=120)
+        assert server.returncode == 0
+        assert f"sc://127.0.0.1:{port}" in out
+        assert not (dataset / SERVER_FILE).exists()
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=30)
+
+
+def test_queries_from_stdin_one_per_line(spark, dataset):  # noqa: F811
+    lines = (
+        "SELECT count(*) AS n FROM connections;\n"
+        "-- a comment\n\n"
+        "SELECT nope FROM nowhere\n"
+        "SELECT sum(requests) AS n FROM client_summary\n"
+        "quit\n"
+        "SELECT 1 AS never\n"
+    )
+    out = runner.invoke(app, ["sql", str(dataset), "-T", "jsonl"], input=lines)
+    assert out.exit_code == 1  # one query failed; the others still ran
+    connections = pq.ParquetDataset(dataset / "connections").read().num_rows
+    assert [json.loads(line) for line in out.stdout.splitlines()] == [{"n": connections}, {"n": 8}]
+    (line,) = out.stderr.splitlines()
+    assert line.startswith("error: [TABLE_OR_VIEW_NOT_FOUND]")
