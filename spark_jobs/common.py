@@ -183,6 +183,14 @@ def client_software(exchanges: DataFrame) -> DataFrame:
 _SOFTWARE: dict[int, tuple[DataFrame, DataFrame]] = {}
 
 
+def forget_cached_software() -> None:
+    """Drop the per-``exchanges`` software tables :func:`client_software` keeps (and the
+    DataFrames they hold on to), e.g. between analyses in one long-lived session."""
+    for _exchanges, software in _SOFTWARE.values():
+        software.unpersist()
+    _SOFTWARE.clear()
+
+
 def attach_software(df: DataFrame, exchanges: DataFrame, *, keep_key: bool = False) -> DataFrame:
     """Put the client columns first in ``df`` (which has ``client_key``): its own source,
     client_id and client_ip if it has them, else those seen in ``exchanges``, and the software

@@ -72,3 +72,6 @@ def _drop_cached_dataframes() -> Iterator[None]:
     active = SparkSession.getActiveSession()
     if active is not None:
         active.catalog.clearCache()
+    from spark_jobs import common
+
+    common.forget_cached_software()

@@ -46,9 +46,10 @@ def spark():
         "local[2]",
         "kwire-tests",
         shuffle_partitions=2,
-        # the jobs' plans (delivery, outages, error_reaction) are large; 1 GB ran out of heap
-        # planning them late in a full run (GC overhead limit, AGGREGATE_OUT_OF_MEMORY)
-        driver_memory="2g",
+        # the jobs' plans (delivery, outages, error_reaction) are large, and a whole run's plans
+        # pile up in one driver: 1 and 2 GB ran out of heap late in full runs (GC overhead limit,
+        # AGGREGATE_OUT_OF_MEMORY); the machine has 24 GB
+        driver_memory="4g",
         # tiny data: compiling generated code and adaptive re-planning cost more than they save
         extra_conf={
             "spark.ui.enabled": "false",
