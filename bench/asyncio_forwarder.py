@@ -6,7 +6,7 @@ the other side's write buffer is full). ``bench/proxy_overhead.py`` runs it as t
 ``asyncio`` path, in front of a broker that advertises its port, so what it costs over
 ``direct`` is what Python and asyncio cost before kwire does anything.
 
-Usage: ``python bench/asyncio_forwarder.py LISTEN_PORT TARGET_HOST:TARGET_PORT``; prints
+Usage: ``python bench/asyncio_forwarder.py [LISTEN_HOST:]LISTEN_PORT TARGET_HOST:TARGET_PORT``; prints
 ``listening`` once it accepts connections.
 """
 
@@ -61,7 +61,7 @@ class _Side(asyncio.Protocol):
             self.peer.transport.resume_reading()
 
 
-async def _serve(listen_port: int, host: str, port: int) -> None:
+async def _serve(listen: tuple[str, int], host: str, port: int) -> None:
     loop = asyncio.get_running_loop()
     connecting: set[asyncio.Task[None]] = set()  # held so the tasks are not collected mid-way
 
@@ -80,16 +80,16 @@ async def _serve(listen_port: int, host: str, port: int) -> None:
         task.add_done_callback(connecting.discard)
         return client
 
-    server = await loop.create_server(accepted, "127.0.0.1", listen_port)
+    server = await loop.create_server(accepted, *listen, backlog=1024)
     print("listening", flush=True)
     async with server:
         await server.serve_forever()
 
 
 def main() -> None:
-    listen_port = int(sys.argv[1])
+    listen_host, _, listen_port = sys.argv[1].rpartition(":")
     host, _, port = sys.argv[2].rpartition(":")
-    asyncio.run(_serve(listen_port, host, int(port)))
+    asyncio.run(_serve((listen_host or "127.0.0.1", int(listen_port)), host, int(port)))
 
 
 if __name__ == "__main__":

@@ -5,10 +5,10 @@ paths to them:
 
 * ``direct``: clients talk to the broker;
 * ``kwire``: ``kwire proxy`` with recording on (``-o`` a temporary dataset, 10 s flushes),
-  as it runs by default: plain connections forwarded on two threads each;
-* ``kwire-aio``: the same with ``--io asyncio``: every connection on the event loop, the
-  path TLS and fault rules take;
-* ``kwire-uv``: ``kwire-aio`` on uvloop's event loop instead of asyncio's (skipped when uvloop
+  as it runs by default: every connection on the event loop;
+* ``kwire-thr``: the same with ``--io threads``: plain connections forwarded on two blocking
+  threads each;
+* ``kwire-uv``: ``kwire`` on uvloop's event loop instead of asyncio's (skipped when uvloop
   is not installed);
 * ``tansu``: Tansu's own Kafka proxy (``<tansu> proxy``), from the same binary;
 * ``socat``: a native byte forwarder (``socat``, 256 KB buffers, one process per
@@ -32,6 +32,13 @@ For each path (confluent-kafka, 1 KB records, acks=all):
    directions counted, plus whatever the proxy still burns once the consumer is done, e.g.
    a recorder catching up; less sensitive to machine load than throughput).
 
+``--conns N`` adds a many-connections phase to each round (issue 18 asks for 200): N raw
+connections (``tests/proxy_load.py``), each sending one ApiVersions or Metadata request at a
+time, ``--conn-rate`` a second, for ``--conn-seconds``; it prints p50/p99 per path, the added
+p50/p99 over direct, each kwire path's added latency next to its bare forwarder's (``kwire``
+and ``kwire-uv`` against ``asyncio``, ``kwire-thr`` against ``threads``) and its CPU ms per
+MB next to socat's, all from the same round.
+
 ``--repeat N`` runs N rounds and prints each, then the median of each column: the machine
 is small (2 cores) and shared, and its speed drifts, so one round says little. A round
 starts every path's proxy, warms the machine up with an unmeasured produce burst, runs the
@@ -42,7 +49,9 @@ slower here, and a fixed order would hand that to one path every time. ``--modes
 paths (``direct`` always runs, as the reference); the default 8 rounds start each of the 8
 paths once.
 
-Usage: ``python bench/proxy_overhead.py [--records 300000] [--rate 300] [--seconds 5] [--repeat 8] [--modes direct,kwire,kwire-aio,kwire-uv,tansu,socat,asyncio,threads]``.
+Usage: ``python bench/proxy_overhead.py [--records 300000] [--rate 300] [--seconds 5] [--repeat 8]
+[--modes direct,kwire,kwire-thr,kwire-uv,tansu,socat,asyncio,threads] [--conns 200 --conn-rate 10
+--conn-seconds 10] [--host 127.0.0.1]``.
 """
 
 from __future__ import annotations
@@ -230,9 +239,29 @@ def latency(bootstrap: str, topic: str, rate: int, seconds: float) -> dict[str, 
     }
 
 
-MODES = ("direct", "kwire", "kwire-aio", "kwire-uv", "tansu", "socat", "asyncio", "threads")
+def many_connections(bootstrap: str, conns: int, rate: float, seconds: float) -> dict[str, Any]:
+    """``conns`` connections, each sending one request at a time, ``rate`` a second (an open
+    loop below saturation); round-trip p50/p99 as ``many_p50_ms``/``many_p99_ms``."""
+    command = [sys.executable, str(_LOAD), bootstrap, "--conns", str(conns), "--rate", str(rate)]
+    command += ["--seconds", str(seconds)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 120, check=True)
+    result = json.loads(done.stdout)
+    return {
+        "many_conns": conns,
+        "many_answered": result["answered"],
+        "many_errors": len(result["errors"]),
+        "many_p50_ms": result["p50_ms"],
+        "many_p99_ms": result["p99_ms"],
+    }
+
+
+MODES = ("direct", "kwire", "kwire-thr", "kwire-uv", "tansu", "socat", "asyncio", "threads")
 #: The ``kwire proxy`` paths, and the options that make them differ.
-_KWIRE = {"kwire": [], "kwire-aio": ["--io", "asyncio"], "kwire-uv": ["--io", "asyncio"]}
+_KWIRE = {"kwire": [], "kwire-thr": ["--io", "threads"], "kwire-uv": ["--io", "asyncio"]}
+#: The bare forwarder each kwire path is held against in the many-connections phase.
+_BARE = {"kwire": "asyncio", "kwire-uv": "asyncio", "kwire-thr": "threads"}
+#: The many-connections load (its own process: raw sockets, one request at a time per connection).
+_LOAD = ROOT / "tests" / "proxy_load.py"
 #: ``kwire`` with uvloop's event loop in place of asyncio's (not a kwire option: measured, it
 #: did not help; this path keeps the measurement repeatable).
 _UVLOOP_LAUNCHER = [
@@ -251,9 +280,12 @@ class BenchPath:
     path meets a broker already filled by the paths before it.
     """
 
-    def __init__(self, mode: str, workdir: Path, tag: str) -> None:
+    def __init__(self, mode: str, workdir: Path, tag: str, host: str = "127.0.0.1") -> None:
         forwarder = mode in ("socat", *_FORWARDERS)  # clients stay on it through the advertised port
-        self.broker = TansuBroker(advertised_port=free_port() if forwarder else None).start()
+        self.host = host
+        self.broker = TansuBroker(advertised_port=free_port(host) if forwarder else None)
+        self.broker.host = host
+        self.broker.start()
         try:
             self._start(mode, workdir, tag)
         except BaseException:
@@ -262,6 +294,7 @@ class BenchPath:
 
     def _start(self, mode: str, workdir: Path, tag: str) -> None:
         broker = self.broker
+        host = self.host
         self.mode = mode
         self.tag = tag
         self.dataset = workdir / f"dataset-{tag}"
@@ -277,7 +310,7 @@ class BenchPath:
                     "--bootstrap",
                     broker.bootstrap,
                     "--listen",
-                    "127.0.0.1:0",
+                    f"{host}:0",
                     "--broker-port-base",
                     "0",
                     "-o",
@@ -287,17 +320,17 @@ class BenchPath:
                 ],
                 launcher=_UVLOOP_LAUNCHER if mode == "kwire-uv" else None,
             ).start()
-            self.bootstrap, self.pid = f"127.0.0.1:{self.proxy.port}", self.proxy.proc.pid
+            self.bootstrap, self.pid = f"{host}:{self.proxy.port}", self.proxy.proc.pid
         elif mode == "tansu":
-            port = free_port()
+            port = free_port(host)
             self.forwarder = subprocess.Popen(
                 [
                     tansu_binary(),
                     "proxy",
                     "--listener-url",
-                    f"tcp://127.0.0.1:{port}",
+                    f"tcp://{host}:{port}",
                     "--advertised-listener-url",
-                    f"tcp://127.0.0.1:{port}",
+                    f"tcp://{host}:{port}",
                     "--origin-url",
                     f"tcp://{broker.bootstrap}",
                 ],
@@ -305,17 +338,17 @@ class BenchPath:
                 stderr=subprocess.DEVNULL,
                 env={**os.environ, "NO_COLOR": "1"},
             )
-            self.bootstrap, self.pid = f"127.0.0.1:{port}", self.forwarder.pid
+            self.bootstrap, self.pid = f"{host}:{port}", self.forwarder.pid
         elif mode in _FORWARDERS:
             port = broker.advertised_port
             script = Path(__file__).with_name(_FORWARDERS[mode])
             self.forwarder = subprocess.Popen(
-                [sys.executable, str(script), str(port), broker.bootstrap], stdout=subprocess.PIPE
+                [sys.executable, str(script), f"{host}:{port}", broker.bootstrap], stdout=subprocess.PIPE
             )
             assert self.forwarder.stdout is not None
             if self.forwarder.stdout.readline().strip() != b"listening":
                 raise RuntimeError(f"bench/{script.name} did not start")
-            self.bootstrap, self.pid = f"127.0.0.1:{port}", self.forwarder.pid
+            self.bootstrap, self.pid = f"{host}:{port}", self.forwarder.pid
         else:
             port = broker.advertised_port
             self.forwarder = subprocess.Popen(
@@ -323,13 +356,13 @@ class BenchPath:
                     "socat",
                     "-b",
                     str(256 << 10),
-                    f"TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork,nodelay",
+                    f"TCP-LISTEN:{port},bind={host},reuseaddr,fork,nodelay",
                     f"TCP:{broker.bootstrap},nodelay",
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
-            self.bootstrap, self.pid = f"127.0.0.1:{port}", self.forwarder.pid
+            self.bootstrap, self.pid = f"{host}:{port}", self.forwarder.pid
 
     def stop(self) -> dict[str, Any]:
         """Stop the proxy and the broker; for kwire, its exit code and the rows it recorded."""
@@ -364,7 +397,7 @@ def run_round(
     results: dict[str, dict[str, Any]] = {mode: {} for mode in modes}
     try:
         for mode in modes:
-            paths.append(BenchPath(mode, workdir, f"{mode}-{index}"))
+            paths.append(BenchPath(mode, workdir, f"{mode}-{index}", args.host))
         time.sleep(1.0)  # let the proxies' listeners come up
         direct = next(path for path in paths if path.mode == "direct")
         throughput(direct.bootstrap, f"warm-up-{index}", args.records // 5, None)
@@ -381,6 +414,16 @@ def run_round(
             )
             results[path.mode].update(
                 latency(path.bootstrap, f"bench-lat-{path.tag}", args.rate, args.seconds)
+            )
+        for path in paths if args.conns else ():
+            print(
+                f"[{path.tag}] {args.conns} connections at {args.conn_rate:g} requests/s each "
+                f"for {args.conn_seconds:.0f}s ...",
+                file=sys.stderr,
+                flush=True,
+            )
+            results[path.mode].update(
+                many_connections(path.bootstrap, args.conns, args.conn_rate, args.conn_seconds)
             )
     finally:
         for path in paths:
@@ -404,12 +447,45 @@ def table(results: dict[str, dict[str, Any]], kwire_line: bool = True) -> None:
             f"{r['p99_ms'] - direct['p99_ms']:8.2f} {r['proxy_cores_per_mb_s']:19.4f} "
             f"{r['proxy_cpu_ms_per_mb']:10.2f}"
         )
+    if "many_p50_ms" in direct:
+        many_table(results)
     for mode in _KWIRE:
         if kwire_line and mode in results:
             print(
                 f"{mode} rows recorded: {results[mode].get('rows_recorded')}, exit code "
                 f"{results[mode].get('kwire_exit_code')}"
             )
+
+
+def many_table(results: dict[str, dict[str, Any]]) -> None:
+    """The many-connections phase: p50/p99 per path, added over direct, and each kwire path's
+    added latency against its bare forwarder's, and its CPU per MB against socat's."""
+    direct = results["direct"]
+    conns = int(direct["many_conns"])
+    print(
+        f"{'path':10} {f'{conns} conns p50':>15} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} {'answered':>9}"
+    )
+    for mode, r in results.items():
+        print(
+            f"{mode:10} {r['many_p50_ms']:15.2f} {r['many_p99_ms']:8.2f} "
+            f"{r['many_p50_ms'] - direct['many_p50_ms']:8.2f} {r['many_p99_ms'] - direct['many_p99_ms']:8.2f} "
+            f"{r['many_answered']:9.0f}"
+        )
+    for mode, bare in _BARE.items():
+        if mode not in results or bare not in results:
+            continue
+        r, b = results[mode], results[bare]
+        line = (
+            f"{mode} vs bare {bare} forwarder at {conns} connections: added p50 "
+            f"{r['many_p50_ms'] - direct['many_p50_ms']:.2f} vs {b['many_p50_ms'] - direct['many_p50_ms']:.2f} ms, "
+            f"added p99 {r['many_p99_ms'] - direct['many_p99_ms']:.2f} vs {b['many_p99_ms'] - direct['many_p99_ms']:.2f} ms"
+        )
+        if "socat" in results and results["socat"].get("proxy_cpu_ms_per_mb"):
+            line += (
+                f"; CPU ms/MB {r['proxy_cpu_ms_per_mb']:.2f} vs socat {results['socat']['proxy_cpu_ms_per_mb']:.2f} "
+                f"({r['proxy_cpu_ms_per_mb'] / results['socat']['proxy_cpu_ms_per_mb']:.1f}x)"
+            )
+        print(line)
 
 
 def main() -> int:
@@ -426,6 +502,15 @@ def main() -> int:
         help="comma-separated paths (direct always runs; socat only if installed)",
     )
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--host", default="127.0.0.1", help="loopback address every listener binds")
+    parser.add_argument(
+        "--conns",
+        type=int,
+        default=0,
+        help="also run a many-connections phase with this many connections (200 for issue 18's check)",
+    )
+    parser.add_argument("--conn-rate", type=float, default=10.0, help="requests/s per connection there")
+    parser.add_argument("--conn-seconds", type=float, default=10.0, help="length of that phase")
     args = parser.parse_args()
     modes = ["direct"] + [m for m in args.modes.split(",") if m and m != "direct"]
     for mode in modes:

@@ -7,7 +7,7 @@ runs it as the ``threads`` path, next to ``asyncio`` (``bench/asyncio_forwarder.
 two show what the same forwarding costs in Python with and without an event loop between the
 kernel and the bytes.
 
-Usage: ``python bench/threaded_forwarder.py LISTEN_PORT TARGET_HOST:TARGET_PORT``; prints
+Usage: ``python bench/threaded_forwarder.py [LISTEN_HOST:]LISTEN_PORT TARGET_HOST:TARGET_PORT``; prints
 ``listening`` once it accepts connections.
 """
 
@@ -45,9 +45,9 @@ def _forward(client: socket.socket, target: tuple[str, int]) -> None:
 
 
 def main() -> None:
-    listen_port = int(sys.argv[1])
+    listen_host, _, listen_port = sys.argv[1].rpartition(":")
     host, _, port = sys.argv[2].rpartition(":")
-    server = socket.create_server(("127.0.0.1", listen_port), reuse_port=False, backlog=128)
+    server = socket.create_server((listen_host or "127.0.0.1", int(listen_port)), backlog=1024)
     print("listening", flush=True)
     while True:
         client, _ = server.accept()

@@ -70,6 +70,8 @@ DEFAULT_MAX_PENDING = 100_000
 #: While hunting, bytes of a candidate frame awaited before deciding on its header alone (and so
 #: about the most a hunting direction buffers).
 HUNT_WAIT = 1 << 20
+#: Bytes of a large frame cut by the end of the connection kept to report it (not all of it).
+_CLOSE_HEAD = 64 << 10
 
 _I32 = struct.Struct(">i").unpack_from
 _I16 = struct.Struct(">h").unpack_from
@@ -281,6 +283,10 @@ class KafkaConnection:
         state = self._dirs[direction]
         state.rx.spill()
         state.gap_bytes += nbytes
+        if direction == BROKER_TO_CLIENT:
+            # Responses to requests sent so far may be among the lost bytes: any of them that
+            # turns out unanswered is reported as lost to the gap, not as ignored by the broker.
+            self._gap_covers_seq = self._seq
         if state.skip:
             if nbytes <= state.skip:
                 state.skip -= nbytes
@@ -307,10 +313,38 @@ class KafkaConnection:
             rx.clear()
         self._start_hunting(state, f"gap of {nbytes} bytes")
         self._hunt_after_gap(state)
+
+    def buffered(self, direction: int) -> int:
+        """Bytes of ``direction`` held until more arrive (a frame in progress, a hunt's window)."""
+        rx = self._dirs[direction].rx
+        return rx.held + len(rx.buf) - rx.pos
+
+    def abandon_frame(self, direction: int, ts_ns: int) -> int:
+        """Let go of the frame in progress of ``direction`` (too large to hold): it is reported
+        truncated, as if its remaining bytes were lost in a gap, and those bytes are skipped
+        when they come, so the direction stays aligned. How many bytes will be skipped; 0 when
+        no frame of known size is held."""
+        state = self._dirs[direction]
+        rx = state.rx
+        if self.closed or not rx.held or not rx.need or state.hunting:
+            return 0
+        left = rx.need - rx.held
+        total = rx.need
+        head = bytearray()
+        for part in rx.parts:  # enough of the frame to name it in the report
+            head += part[: _CLOSE_HEAD - len(head)]
+            if len(head) >= _CLOSE_HEAD:
+                break
+        held = rx.held
+        rx.spill_head(head, rx.frame_ns)
+        state.gap_bytes += left
+        self._truncated_frame(direction, state, total, ts_ns)
+        rx.clear()
+        rx.base += held - len(head)  # the stream offset past what was held
+        state.skip += left
         if direction == BROKER_TO_CLIENT:
-            # Responses to requests sent so far may be among the lost bytes: any of them that
-            # turns out unanswered is reported as lost to the gap, not as ignored by the broker.
             self._gap_covers_seq = self._seq
+        return left
 
     def receive_close(self, ts_ns: int, reason: str = "closed") -> None:
         """The connection ended (or the capture did): flush partial frames and pending requests."""
@@ -318,8 +352,20 @@ class KafkaConnection:
             return
         # A hunting direction may hold checked frames that waited only for the bytes after them.
         self._closing = True
-        for state in self._dirs:
-            state.rx.spill()
+        held_big = [0, 0]
+        for direction, state in enumerate(self._dirs):
+            rx = state.rx
+            if rx.need and rx.held > _CLOSE_HEAD and not state.hunting and not state.raw:
+                # a large frame cut by the end: only its head is needed to report it (no copy)
+                held_big[direction] = rx.held
+                head = bytearray()
+                for part in rx.parts:
+                    head += part[: _CLOSE_HEAD - len(head)]
+                    if len(head) >= _CLOSE_HEAD:
+                        break
+                rx.spill_head(head, rx.frame_ns)
+            else:
+                rx.spill()
         for direction, state in enumerate(self._dirs):
             if state.hunting and state.rx.available() >= 4:
                 self._drain(direction, state, ts_ns)
@@ -327,12 +373,16 @@ class KafkaConnection:
             rx = state.rx
             if not state.hunting and rx.available() >= 4:
                 total = 4 + _I32(rx.buf, rx.pos)[0]
-                self._truncated_frame(direction, state, total, ts_ns)
+                self._truncated_frame(direction, state, total, ts_ns, held_big[direction] or None)
             elif state.hunting and rx.available():
                 state.hunt_skipped += rx.available()
             rx.clear()
         if self._sasl is not None:
             self._end_sasl("closed" if self._sasl_end == "complete" else self._sasl_end)
+        answers = self._dirs[BROKER_TO_CLIENT]
+        if answers.hunting and answers.hunt_reason.startswith("gap"):
+            # still looking for a frame after a gap: the answers may be in what it skipped
+            self._gap_covers_seq = self._seq
         self._expire_pending(reason, ts_ns)
         self.closed = True
 
@@ -632,6 +682,9 @@ class KafkaConnection:
         rx.compact()  # once per resync: the frame is decoded as if it had arrived on its own
         state.hunting = False
         state.hunt_waiting = []
+        if direction == BROKER_TO_CLIENT and state.hunt_reason.startswith("gap"):
+            # the hunt after a gap skipped responses too: their requests were lost to the gap
+            self._gap_covers_seq = self._seq
         self.resyncs += 1
         self._events.append(Resync(direction, ts_ns, state.hunt_skipped, state.hunt_reason))
         state.hunt_skipped = 0
@@ -918,10 +971,14 @@ class KafkaConnection:
         status = "malformed" if known and request.status != "unknown_api" else "unknown_api"
         return Response(request.correlation_id, -1, end - pos, start_ns, end_ns, status, None, error)
 
-    def _truncated_frame(self, direction: int, state: _Direction, total: int, ts_ns: int) -> None:
-        """Report the frame in progress as truncated, with whatever header it had."""
+    def _truncated_frame(
+        self, direction: int, state: _Direction, total: int, ts_ns: int, have: int | None = None
+    ) -> None:
+        """Report the frame in progress as truncated, with whatever header it had (``have``:
+        how many of its bytes came, when ``rx.buf`` holds only its head)."""
         rx = state.rx
-        buf, pos, have = rx.buf, rx.pos, rx.available()
+        buf, pos = rx.buf, rx.pos
+        have = rx.available() if have is None else have
         start_ns = rx.time_at(pos)
         state.frames += 1
         if self._fresh and direction == CLIENT_TO_BROKER:

@@ -121,6 +121,11 @@ class ReceiveBuffer:
             parts = self._release()
             self.append(parts[0] if len(parts) == 1 else b"".join(parts), self.frame_ns)
 
+    def spill_head(self, head: Any, ts_ns: int) -> None:
+        """Forget the held frame but for ``head``, its first bytes, moved into ``buf``."""
+        self._release()
+        self.append(head, ts_ns)
+
     def _release(self) -> list[Any]:
         """Stop holding a frame; return its pieces."""
         parts = self.parts

@@ -68,6 +68,14 @@ def proxy(
     max_queue_mb: Annotated[
         int, typer.Option(help="recorder queue bound; chunks beyond it are not decoded (counted)")
     ] = 64,
+    max_memory_mb: Annotated[
+        int,
+        typer.Option(
+            help="memory the proxy may hold over all connections (held frames, recorder queue, "
+            "rule-held requests); at the budget frames are forwarded without being held or "
+            "decoded (counted, and a gap in the rows); 0: no limit"
+        ),
+    ] = 256,
     max_pending_rows: Annotated[
         int | None,
         typer.Option(
@@ -116,8 +124,9 @@ def proxy(
     io: Annotated[
         str,
         typer.Option(
-            help="how connections are forwarded: threads (two per connection), asyncio (the event loop), "
-            "auto (threads unless TLS or fault rules need the loop)"
+            help="how connections are forwarded: asyncio (the event loop; holds up under many "
+            "connections), threads (two per connection, plain TCP without rules: a little less CPU "
+            "with a few busy connections), auto (asyncio)"
         ),
     ] = "auto",
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error")] = "info",
@@ -146,6 +155,8 @@ def proxy(
         _fail("--tls-cert and --tls-key go together")
     if metrics_client_ids < 0:
         _fail(f"--metrics-client-ids {metrics_client_ids}: must be 0 or more")
+    if max_memory_mb < 0:
+        _fail(f"--max-memory-mb {max_memory_mb}: must be 0 (no limit) or more")
     if header_timeout_s < 0:
         _fail(f"--header-timeout-s {header_timeout_s}: must be 0 (off) or more")
     metrics_token = _metrics_token(metrics_token_file)
@@ -164,6 +175,7 @@ def proxy(
         flush_seconds=flush_seconds,
         flush_rows=flush_rows,
         max_queue_bytes=max_queue_mb << 20,
+        max_memory_bytes=max_memory_mb << 20,
         max_pending_rows=max_pending_rows,
         tls_cert=tls_cert,
         tls_key=tls_key,

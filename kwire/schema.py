@@ -35,6 +35,7 @@ EXCHANGE_STATUSES = (
     "unknown_api",  # api key/version kwire has no definition for (frame skipped by its length)
     "malformed",  # frame whose body did not decode; decode_error says why
     "truncated",  # frame cut by a gap in the capture or by its end
+    "gap",  # proxy: the recorder skipped bytes of the connection, so it cannot tell (decode_error says)
 )
 
 _TS = pa.timestamp("us", tz="UTC")
@@ -172,7 +173,7 @@ EXCHANGE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     (
         "status",
         pa.string(),
-        "ok, no_response_expected, unanswered, orphan_response, unknown_api, malformed, truncated",
+        "ok, no_response_expected, unanswered, orphan_response, unknown_api, malformed, truncated, gap",
     ),
     ("error_code", pa.int16(), "top-level error code of the response (null where the response has none)"),
     ("error_name", pa.string(), "name of error_code, e.g. NOT_COORDINATOR"),

@@ -114,7 +114,12 @@ _SCALARS = (
     "header_timeouts",
     "dropped_rows",
     "dropped_bytes",
+    "gap_rows",
     "recorder_queue_bytes",
+    "held_bytes",
+    "over_budget_frames",
+    "over_budget_bytes",
+    "rows_recorded",
     "rows_written",
     "files_rolled",
     "node_listeners",
@@ -268,7 +273,12 @@ class Metrics:
         self.injected: Counter[tuple[str, str]] = Counter()  # (rule, action)
         self.dropped_rows = 0
         self.dropped_bytes = 0  # recorder queue overflow: bytes never decoded
+        self.gap_rows = 0  # rows whose exchange the recorder did not see in full (status gap)
         self.recorder_queue_bytes = 0
+        self.held_bytes = 0  # frames held whole (rewrites, rules) across all connections
+        self.over_budget_frames = 0  # frames forwarded unheld/undecoded at the memory budget
+        self.over_budget_bytes = 0
+        self.rows_recorded = 0  # exchange rows made for the writer (written at the next roll)
         self.rows_written = 0
         self.files_rolled = 0
         self.node_listeners = 0
@@ -473,10 +483,40 @@ def render(snap: Snapshot) -> str:
         scalars["dropped_bytes"],
     )
     scalar(
+        "kwire_proxy_gap_rows_total",
+        "counter",
+        "Exchange rows written with status gap: the recorder skipped bytes of their connection.",
+        scalars["gap_rows"],
+    )
+    scalar(
+        "kwire_proxy_held_bytes",
+        "gauge",
+        "Bytes of frames held whole (address rewrites, fault rules), all connections.",
+        scalars["held_bytes"],
+    )
+    scalar(
+        "kwire_proxy_over_budget_frames_total",
+        "counter",
+        "Frames forwarded without being held or recorded because --max-memory-mb was reached.",
+        scalars["over_budget_frames"],
+    )
+    scalar(
+        "kwire_proxy_over_budget_bytes_total",
+        "counter",
+        "Bytes of those frames.",
+        scalars["over_budget_bytes"],
+    )
+    scalar(
         "kwire_proxy_recorder_queue_bytes",
         "gauge",
         "Bytes waiting for the recorder.",
         scalars["recorder_queue_bytes"],
+    )
+    scalar(
+        "kwire_proxy_rows_recorded_total",
+        "counter",
+        "Exchange rows made for the writer (on disk at the next roll).",
+        scalars["rows_recorded"],
     )
     scalar(
         "kwire_proxy_rows_written_total",

@@ -7,14 +7,14 @@ copied). The recorder keeps them in a queue bounded in bytes and feeds them to o
 ``kwire.rows.ExchangeRows`` (the same code ``kwire decode`` uses, so rows look the same).
 
 When it decodes: once a read has been forwarded, the forwarding code calls
-``Recorder.catch_up``, which decodes the few chunks just queued at once, while they are
-still in the CPU's caches and before their memory is handed out again (the bytes the read
-brought in have already been written on, so the chunk in hand never waits). Only when
-more than a few chunks are queued, a burst the recorder has fallen behind on, is the rest
+``Recorder.catch_up``. On the event loop that schedules one decoding slice for the end of
+the loop turn, after every connection ready in that turn has had its bytes forwarded (with
+200 connections, decoding after each read kept the connections later in the turn waiting
+for the decoding of all those before them: p50 14-28 ms against 1-8 ms, the same CPU). On
+threads it decodes the few chunks just queued at once, while they are still in the CPU's
+caches (in an A/B on a 2-core machine that took 17% less proxy CPU per MB than decoding
+2 ms later). More than a few chunks queued, a burst the recorder has fallen behind on, is
 left to the recorder task, which works through it in slices of a few milliseconds.
-In an interleaved A/B on a 2-core machine, decoding each read at once rather than 2 ms
-later took 17% less proxy CPU per MB (1.51 -> 1.25 ms); throughput and p99 moved within
-that machine's noise.
 
 Connections forwarded on threads (``proxy.threaded``) call ``data`` and ``catch_up`` from
 their own threads: appending to the queue is one atomic deque operation, the byte count of
@@ -22,11 +22,19 @@ the queue is kept under a short lock, and decoding is done by whoever holds the 
 (``catch_up`` never waits for it: if another thread is decoding, that thread, or the task,
 takes the new chunks too).
 
-Two bounds keep a slow recorder from slowing traffic:
+Bounds keep a slow recorder from slowing traffic, and it says when it skips:
 
-* the chunk queue (``max_queue_bytes``): a chunk that does not fit is not queued; the
-  decoder is told those bytes are a gap (it resynchronises, exactly as for a capture that
-  lost packets) and ``dropped_bytes`` counts them;
+* the chunk queue (``max_queue_bytes``, and the proxy's memory budget, ``proxy.budget``, of
+  which it leaves a quarter to the forwarding path), and the lag (``max_lag_seconds``: once
+  decoding lags the traffic by more than that, new chunks are skipped until it has caught
+  up; this bounds what a SIGKILL loses beyond the flush window): a chunk that is not queued
+  is a gap for the decoder (it resynchronises, exactly as for a capture that lost packets),
+  ``dropped_bytes`` counts it, and so does the connection's ``gap_bytes_to_*``;
+* a decoder's frame in progress that the budget cannot hold (a frame near 100 MB) is let go:
+  its rest is skipped as a gap, and it is counted (``over_budget_frames``);
+* on a connection with such a gap, rows that would claim what the recorder did not see (a
+  cut or undecodable frame, an answer to no request, a request whose answer may have gone
+  by in the gap's wake) are written with status ``gap`` instead (``gap_rows``);
 * the rows waiting for the Parquet writer (``max_pending_rows``): rows beyond it are
   dropped and counted, per connection (``connections.dropped_rows``) and in total.
 
@@ -50,6 +58,7 @@ from typing import Any
 from decoder.connection import KafkaConnection
 from kwire.dataset import DatasetWriter
 from kwire.rows import ConnectionInfo, ExchangeRows, utc_date
+from proxy.budget import MemoryBudget, release_free_memory
 from proxy.metrics import Metrics
 
 __all__ = ["Recorder"]
@@ -60,8 +69,29 @@ _OPEN, _DATA, _GAP, _INJECTED, _CLOSE = range(5)
 _CATCH_UP_ITEMS = 8
 
 
+#: Statuses that claim something about the wire (no answer, a cut or bad frame, an answer to
+#: nothing) which bytes the recorder skipped can fake: on a connection with such a gap they
+#: become ``gap`` (the recorder did not see enough to say).
+_GAP_STATUSES = frozenset({"truncated", "malformed", "orphan_response"})
+_ORPHANS_KEPT = 4096
+_GAP_ERROR = "not recorded in full: the proxy's recorder skipped bytes of this connection (it fell behind)"
+
+
 class _Conn:
-    __slots__ = ("decoder", "dropped_rows", "first_ns", "gap_bytes", "info", "injected", "last_ns", "rows")
+    __slots__ = (
+        "decoder",
+        "dropped_rows",
+        "first_ns",
+        "gap_bytes",
+        "gap_rows",
+        "held",
+        "info",
+        "injected",
+        "last_answer_ns",
+        "last_ns",
+        "orphans",
+        "rows",
+    )
 
     def __init__(self, info: ConnectionInfo, ts_ns: int) -> None:
         self.info = info
@@ -72,6 +102,12 @@ class _Conn:
         self.first_ns = ts_ns
         self.last_ns = ts_ns
         self.gap_bytes = [0, 0]
+        self.gap_rows = 0
+        self.held = [0, 0]  # bytes its decoder holds per direction, taken from the budget
+        #: correlation ids of answers seen without their request since a gap (bounded): a request
+        #: the decoder finds later in the gap's wake was answered, not left unanswered
+        self.orphans: set[int] = set()
+        self.last_answer_ns = 0  # when the broker last sent bytes (recorded or skipped)
 
 
 class Recorder:
@@ -91,8 +127,19 @@ class Recorder:
         max_queue_bytes: int = 64 << 20,
         max_pending_rows: int | None = None,
         slice_seconds: float = 0.002,
+        budget: MemoryBudget | None = None,
+        max_lag_seconds: float | None = None,
     ) -> None:
         self.metrics = metrics
+        self.budget = budget or MemoryBudget(0)
+        #: How far behind the traffic decoding may fall: once a chunk waited longer than this,
+        #: new chunks are skipped (gaps) until the queue is worked off. It bounds what a
+        #: SIGKILL loses beyond the flush window. Default: half the flush window, at most 5 s.
+        self.max_lag_ns = int(1e9 * (max_lag_seconds if max_lag_seconds else min(flush_seconds / 2, 5.0)))
+        self._behind = False
+        self._rss_check = 0.0
+        self._keep = self.budget.limit // 4  # of the budget, left to the forwarding path
+        self._turn_due = False  # a decoding turn is scheduled on the loop
         self.flush_seconds = flush_seconds
         self.flush_rows = flush_rows
         self.max_queue_bytes = max_queue_bytes
@@ -118,6 +165,7 @@ class Recorder:
         self._decode_lock = threading.Lock()  # the decoders, the rows, the writer hand-off
         self.dropped_rows = 0
         self.rows_total = 0
+        self.rows_recorded = 0  # rows kept for the writer (rows_total less those dropped)
 
     # ---- called from the forwarding path (cheap, never blocks) --------------------------
 
@@ -127,7 +175,11 @@ class Recorder:
     def data(self, key: int, direction: int, data: bytes, ts_ns: int) -> None:
         size = len(data)
         with self._queue_lock:
-            fits = self._queued_bytes + size <= self.max_queue_bytes
+            fits = (
+                not self._behind
+                and self._queued_bytes + size <= self.max_queue_bytes
+                and self.budget.take(size, self._keep)
+            )
             if fits:
                 self._queued_bytes += size
         if fits:
@@ -153,9 +205,27 @@ class Recorder:
         """
         queue = self._queue
         lock = self._decode_lock
+        if self._loop is not None and threading.get_ident() == self._loop_thread:
+            # On the event loop: once this loop turn has forwarded what every ready connection
+            # sent, not after each read (with 200 connections, decoding after each read kept
+            # the connections later in the turn waiting for the decoding of all before them).
+            if queue and not self._turn_due and not self._stopping:
+                self._turn_due = True
+                self._loop.call_soon(self._decode_turn)
+            return
         while queue and not self._stopping:
             if len(queue) > _CATCH_UP_ITEMS:
                 self._poke()  # a backlog: the task takes it in slices
+                on_loop = self._loop is None or threading.get_ident() == self._loop_thread
+                if on_loop or not lock.acquire(blocking=False):
+                    return
+                # A forwarding thread (threads path) takes a slice too: with hundreds of threads
+                # wanting the GIL the task alone fell behind; this way decoding gets its share.
+                try:
+                    self._process(self.slice_seconds)
+                    self._maybe_flush()
+                finally:
+                    lock.release()
                 return
             if not lock.acquire(blocking=False):
                 return  # another thread is decoding, and looks again when done
@@ -165,6 +235,21 @@ class Recorder:
                     self._maybe_flush()
             finally:
                 lock.release()
+
+    def _decode_turn(self) -> None:
+        """The event loop's decoding after a turn's reads: a slice; the rest on later turns."""
+        self._turn_due = False
+        if self._stopping or not self._decode_lock.acquire(blocking=False):
+            return
+        try:
+            self._process(self.slice_seconds)
+            if len(self._rows) >= self.flush_rows:
+                self._maybe_flush()
+        finally:
+            self._decode_lock.release()
+        if self._queue and self._loop is not None:
+            self._turn_due = True
+            self._loop.call_soon(self._decode_turn)
 
     def injected(self, key: int, correlation_id: int) -> None:
         self._queue.append((_INJECTED, key, correlation_id))
@@ -200,6 +285,13 @@ class Recorder:
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=0.5)
+                if not self._queue and self.budget.used < self.budget.limit // 8:
+                    release_free_memory()  # the load has ebbed: let RSS come down
+            now = time.monotonic()
+            if now >= self._rss_check:
+                self._rss_check = now + 0.5
+                if self.budget.rss_over():
+                    release_free_memory(0.5)
             # let a burst of forwarding work go first, then take a slice
             await asyncio.sleep(0.002)
             with self._decode_lock:
@@ -221,12 +313,21 @@ class Recorder:
                 conn = self._conns.get(key)
                 if conn is not None:
                     conn.last_ns = ts_ns
+                    if direction:
+                        conn.last_answer_ns = ts_ns
                     conn.decoder.receive_data(direction, data, ts_ns)
+                    self._hold(conn, direction, ts_ns)
                     self._drain(conn)
+                if count % 64 == 0:
+                    behind = time.time_ns() - ts_ns > self.max_lag_ns
+                    if behind != self._behind:
+                        self._behind = behind
             elif kind == _GAP:
                 _, key, direction, nbytes, ts_ns = item
                 conn = self._conns.get(key)
                 if conn is not None:
+                    if direction:
+                        conn.last_answer_ns = ts_ns
                     conn.gap_bytes[direction] += nbytes
                     conn.decoder.receive_gap(direction, nbytes, ts_ns)
                     self._drain(conn)
@@ -242,12 +343,43 @@ class Recorder:
                 conn = self._conns.pop(key, None)
                 if conn is not None:
                     self._finish(conn, ts_ns, reason, stats)
+                    self.budget.give(conn.held[0] + conn.held[1])
             count += 1
             if deadline is not None and count % 16 == 0 and time.monotonic() > deadline:
                 break
         with self._queue_lock:
             self._queued_bytes -= consumed
             self.metrics.recorder_queue_bytes = self._queued_bytes
+            if not queue:
+                self._behind = False
+        self.budget.give(consumed)
+        self.metrics.held_bytes = self.budget.used
+        self.metrics.rows_recorded = self.rows_recorded
+
+    def _hold(self, conn: _Conn, direction: int, ts_ns: int) -> None:
+        """Account for what the connection's decoder holds now (a frame in progress); one that
+        the budget cannot take is let go: its rest is skipped, a gap, and counted."""
+        held = conn.decoder.buffered(direction)
+        grown = held - conn.held[direction]
+        if grown <= 0:
+            if grown:
+                self.budget.give(-grown)
+                conn.held[direction] = held
+            return
+        if self.budget.take(grown, self._keep):
+            conn.held[direction] = held
+            return
+        left = conn.decoder.abandon_frame(direction, ts_ns)
+        if not left:  # nothing of known size to let go of (a hunt's window, bounded): keep it
+            self.budget.charge(grown)
+            conn.held[direction] = held
+            return
+        conn.gap_bytes[direction] += left
+        self.metrics.add("over_budget_frames")
+        self.metrics.add("over_budget_bytes", left + held)
+        now = conn.decoder.buffered(direction)
+        self.budget.give(conn.held[direction] - now)
+        conn.held[direction] = now
 
     def _drain(self, conn: _Conn) -> None:
         builder = conn.rows
@@ -256,6 +388,11 @@ class Recorder:
             row = builder.row(event)
             if row is None:
                 continue
+            if (conn.gap_bytes[0] or conn.gap_bytes[1]) and self._unseen(conn, row):
+                row["status"] = "gap"
+                row["decode_error"] = _GAP_ERROR
+                conn.gap_rows += 1
+                metrics.add("gap_rows")
             corr = row.get("correlation_id")
             row["injected"] = corr in conn.injected
             if row["injected"]:
@@ -276,6 +413,23 @@ class Recorder:
                 metrics.add("dropped_rows")
                 continue
             self._rows.append(row)
+            self.rows_recorded += 1
+
+    @staticmethod
+    def _unseen(conn: _Conn, row: dict[str, Any]) -> bool:
+        """Whether a row of a connection with skipped bytes claims what the recorder did not see."""
+        status = row.get("status")
+        corr = row.get("correlation_id")
+        if status == "orphan_response":
+            if len(conn.orphans) < _ORPHANS_KEPT:
+                conn.orphans.add(corr)
+            return True
+        if status == "unanswered":
+            # Its answer may have gone by while its request was still in a gap's wake (the
+            # decoder finds requests after a gap late): the broker sent bytes after the request.
+            sent = row.get("request_time")
+            return corr in conn.orphans or (sent is not None and sent <= conn.last_answer_ns // 1000)
+        return status in _GAP_STATUSES
 
     def _finish(self, conn: _Conn, ts_ns: int, reason: str, stats: dict[str, Any]) -> None:
         conn.decoder.receive_close(ts_ns, "open_at_end" if reason == "open_at_end" else "closed")

@@ -14,11 +14,12 @@ on a direct connection, rather than being accepted and cut off at once (kafka-py
 then reconnected about 240 times a second); a probe reopens it as soon as the broker accepts
 connections again (``REFUSED_PROBE_SECONDS``).
 
-Plain connections (no TLS, no fault rules) are forwarded on blocking threads, two per
-connection (``proxy.threaded``), which cost less CPU per MB than the event-loop path (3-10%
-in the runs the README's Overhead section reports); with TLS or fault rules every connection
-goes through the event loop. ``ProxyConfig.io``
-chooses explicitly.
+Connections are forwarded on the event loop by default. ``ProxyConfig.io = "threads"`` runs
+plain connections (no TLS, no fault rules) on blocking threads instead, two per connection
+(``proxy.threaded``): 3-10% less CPU per MB with a few busy connections, but with hundreds
+the threads fight over the GIL (175 pipelining connections: p50 97 ms against 66 ms on the
+loop; 2,000 idle connections closing at once stalled another client 3.6 s against 0.05 s),
+so the loop, which holds up under many connections, is the default (``auto``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from proxy import outdir, tls
+from proxy.budget import DEFAULT_MAX_MEMORY_MB, MemoryBudget
+from proxy.endings import Endings
 from proxy.inject import Rule, RuleSet
 from proxy.metrics import DEFAULT_CLIENT_IDS, Metrics, serve_metrics
 from proxy.recorder import Recorder
@@ -45,8 +48,8 @@ from proxy.threaded import serve_listener
 
 __all__ = ["IO_MODES", "Proxy", "ProxyConfig", "parse_address", "tune_malloc"]
 
-#: How connections are driven: ``threads`` (blocking, two per connection), ``asyncio`` (the
-#: event loop), ``auto`` (threads unless TLS or fault rules are configured).
+#: How connections are driven: ``threads`` (blocking, two per connection; plain TCP without
+#: rules only), ``asyncio`` (the event loop), ``auto`` (the event loop).
 IO_MODES = ("auto", "threads", "asyncio")
 
 log = logging.getLogger("kwire.proxy")
@@ -58,6 +61,7 @@ HEADER_TIMEOUT_SECONDS = 30.0
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
 
 
 def tune_malloc(mmap_threshold: int = 32 << 20, trim_threshold: int = 128 << 20) -> bool:
@@ -68,6 +72,11 @@ def tune_malloc(mmap_threshold: int = 32 << 20, trim_threshold: int = 128 << 20)
     freed, so nearly every page forwarded was a new page: a minor page fault (and the
     kernel zeroing 4 KB) per 4 KB, about a third of the proxy's CPU under load. Raising
     both thresholds lets freed blocks be reused. Linux/glibc only; False elsewhere.
+
+    Those thresholds apply to each malloc arena, and glibc gives threads arenas of their
+    own (up to 8 per core): with two threads per connection, 16 connections of large frames
+    left some 300 MB in arenas after the load, beyond ``--max-memory-mb``. Python allocates
+    under the GIL anyway, so two arenas cost no contention.
     """
     try:
         import ctypes
@@ -76,6 +85,7 @@ def tune_malloc(mmap_threshold: int = 32 << 20, trim_threshold: int = 128 << 20)
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False
+    mallopt(_M_ARENA_MAX, 2)
     return bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(
         mallopt(_M_TRIM_THRESHOLD, trim_threshold)
     )
@@ -110,6 +120,9 @@ class ProxyConfig:
     flush_seconds: float = 10.0
     flush_rows: int = 100_000
     max_queue_bytes: int = 64 << 20
+    #: Everything held, over all connections (held frames, the recorder's queue and decoders,
+    #: rule-held requests, pre-connect backlogs): ``proxy.budget``. 0: no limit.
+    max_memory_bytes: int = DEFAULT_MAX_MEMORY_MB << 20
     max_pending_rows: int | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -135,7 +148,7 @@ class ProxyConfig:
         needs_loop = bool(self.tls_cert or self.upstream_tls or self.rules)
         if self.io == "threads" and needs_loop:
             raise ValueError("threaded forwarding does not do TLS or fault rules (use --io asyncio or auto)")
-        return self.io == "threads" or (self.io == "auto" and not needs_loop)
+        return self.io == "threads"
 
 
 class Proxy:
@@ -149,6 +162,8 @@ class Proxy:
         self.run_id = f"{int(time.time()):x}{os.getpid() & 0xFFFF:04x}"
         self.metrics = Metrics(config.metrics_client_ids)
         self.rules = RuleSet(config.rules, seed=config.seed)
+        self.budget = MemoryBudget(config.max_memory_bytes)
+        self.endings = Endings()  # event loop: connection ends, a few per loop turn
         self.recorder = Recorder(
             config.out_dir,
             self.metrics,
@@ -156,6 +171,7 @@ class Proxy:
             flush_rows=config.flush_rows,
             max_queue_bytes=config.max_queue_bytes,
             max_pending_rows=config.max_pending_rows,
+            budget=self.budget,
         )
         self.client_ssl: ssl.SSLContext | None = None
         if config.tls_cert and config.tls_key:
@@ -453,9 +469,11 @@ class Proxy:
             self._metrics_server.close()
         if self._header_sweeper is not None:
             self._header_sweeper.cancel()
+        self.endings.run_all()  # ends seen before the stop are recorded as they were
         for session in list(self.sessions):
             session.abort("open_at_end")
         await asyncio.sleep(0)
+        self.endings.run_all()
         if self.threads:
             await asyncio.to_thread(self._join_threads, 5.0)
         await self.recorder.stop()

@@ -26,6 +26,11 @@ response), since clients pair responses with requests in order. A latency rule h
 request, and everything after it on that connection, for the delay. A close rule aborts
 both connections.
 
+Frames held whole (responses to rewrite, requests for rules) and what a client sends while
+its upstream connection is being made are held against the proxy's memory budget
+(``proxy.budget``): a frame the budget cannot take is forwarded as it comes instead, neither
+held nor rewritten nor looked at by a rule, and counted.
+
 Every chunk received from the client and every chunk written to it is handed to the
 recorder (``proxy.recorder``) as is: the recorder sees exactly what the client saw.
 If a stream ever stops looking like Kafka framing (an impossible length), that connection
@@ -108,12 +113,16 @@ class ClientProtocol(asyncio.Protocol):
         self.session.from_client(data)  # type: ignore[union-attr]
         self.proxy.recorder.catch_up()  # after forwarding: what came in is on its way
 
+    # Ends are run a few per loop turn (``proxy.endings``): a burst of them cannot stall the
+    # other connections. The transport stays open meanwhile (a TLS one cannot: it closes).
+
     def eof_received(self) -> bool:
-        return self.session.client_eof()  # type: ignore[union-attr]
+        self.proxy.endings.defer(Session.client_eof, self.session)
+        return self.proxy.client_ssl is None
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.session is not None:
-            self.session.client_gone(exc)
+            self.proxy.endings.defer(self.session.client_gone, exc)
 
     def pause_writing(self) -> None:
         self.session.pause_upstream(True)  # type: ignore[union-attr]
@@ -123,24 +132,32 @@ class ClientProtocol(asyncio.Protocol):
 
 
 class _UpstreamProtocol(asyncio.Protocol):
-    __slots__ = ("session",)
+    __slots__ = ("session", "transport")
 
     def __init__(self, session: Session) -> None:
         self.session = session
+        self.transport: asyncio.BaseTransport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         _read_large(transport)
+        self.transport = transport
 
     def data_received(self, data: bytes) -> None:
         self.session.from_upstream(data)
         self.session.recorder.catch_up()  # after forwarding: what came in is on its way
 
     def eof_received(self) -> bool:
-        self.session.upstream_gone(None)
-        return False
+        self.session.proxy.endings.defer(self._ended, None)
+        return self.session.proxy.upstream_ssl is None
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.session.upstream_gone(exc)
+        self.session.proxy.endings.defer(self.session.upstream_gone, exc)
+
+    def _ended(self, _arg: None) -> None:
+        """The broker ended its side: the session ends, and this connection is closed."""
+        self.session.upstream_gone(None)
+        if self.transport is not None:
+            self.transport.close()
 
     def pause_writing(self) -> None:
         self.session.pause_client("backpressure", True)
@@ -190,12 +207,16 @@ class Session:
         self.header_timeout = proxy.config.header_timeout or 0.0
         self.header_due = time.monotonic() + self.header_timeout if self.header_timeout else 0.0
         self.c_pause: set[str] = set()
+        self.budget = proxy.budget
+        self.taken = 0  # bytes this session holds against the budget (held frames, backlog)
+        self.c_hold_taken = 0  # of which: the request frame held for rules (until forwarded)
         # broker -> client
         self.b_frame_left = 0
         self.b_head = bytearray()
         self.b_hold: list[Any] | None = None  # pieces of a response frame held whole
         self.b_hold_left = 0
         self.b_hold_entry: _Inflight | None = None
+        self.b_hold_taken = 0
         self.b_blind = False
         self.inflight: deque[_Inflight] = deque()
         self.inflight_ids: dict[int, int] = {}
@@ -254,6 +275,7 @@ class Session:
         peer = upstream.get_extra_info("peername") or target
         self._open_record(peer[0], peer[1])
         backlog, self.c_backlog = self.c_backlog or [], None
+        self._give(self.c_backlog_bytes)
         for data, ts in backlog:
             self._from_client(data, ts)
         return True
@@ -273,6 +295,7 @@ class Session:
             self.bytes_from_client += len(data)
             self.recorder.data(self.key, 0, data, ts)
         self.c_backlog = None
+        self._give(self.c_backlog_bytes)
         if self._end("rst"):
             self.cl.abort()
 
@@ -376,6 +399,7 @@ class Session:
         if self._linger is not None:
             self._linger.cancel()
         self.proxy.sessions.discard(self)
+        self._give(self.taken)
         self.metrics.add("connections_open", -1)
         if not self.record_close_later:
             self.record_close()
@@ -402,7 +426,11 @@ class Session:
         if self.c_backlog is not None:
             self.c_backlog.append((data, _time_ns()))
             self.c_backlog_bytes += len(data)
-            if self.c_backlog_bytes >= BACKLOG_LIMIT:
+            with self.lock:
+                if not self.closed:
+                    self.taken += len(data)
+                    self.budget.charge(len(data))  # read already: held, and no more read beyond the budget
+            if self.c_backlog_bytes >= BACKLOG_LIMIT or self.budget.room() <= 0:
                 self.pause_client("connecting", True)
             return
         self._from_client(data, _time_ns())
@@ -442,7 +470,11 @@ class Session:
                 if self.c_hold_left == 0:
                     frame, head = b"".join(self.c_hold), self.c_hold_head
                     self.c_hold = self.c_hold_head = None
-                    if self._held_request(head, frame):  # processing stops here (delay, close)
+                    stopped = self._held_request(head, frame)
+                    if self.c_delayed is None:  # forwarded or answered: the frame is let go
+                        self._give(self.c_hold_taken)
+                        self.c_hold_taken = 0
+                    if stopped:  # processing stops here (delay, close)
                         if self.c_delayed is not None and pos < n:
                             self.c_delayed.insert(0, data[pos:])
                         return
@@ -487,7 +519,12 @@ class Session:
             hold = self._request_head(head)
             held = bytes(self.c_head)
             self.c_head.clear()
+            if hold and not self._take(head.size):
+                hold = False  # at the memory budget: forwarded as it comes, no rule looks at it
+                if head.expects_response:
+                    self._expect(head, None)
             if hold:
+                self.c_hold_taken = head.size
                 if span < pos:
                     up.write(memoryview(data)[span:pos])
                 self.c_hold = [held] if held else []
@@ -500,6 +537,26 @@ class Session:
                 self.c_frame_left = head.size - len(held)
         if span < n:
             up.write(data if span == 0 else memoryview(data)[span:])
+
+    def _take(self, size: int) -> bool:
+        """Hold a frame of ``size`` bytes against the memory budget; False (counted) if it is spent."""
+        if self.budget.take(size):
+            with self.lock:  # both directions hold frames; the session's end gives all back
+                if not self.closed:
+                    self.taken += size
+                    return True
+            self.budget.give(size)
+            return False
+        self.metrics.add("over_budget_frames")
+        self.metrics.add("over_budget_bytes", size)
+        return False
+
+    def _give(self, size: int) -> None:
+        if size > 0:
+            with self.lock:
+                size = min(size, self.taken)
+                self.taken -= size
+            self.budget.give(size)
 
     def _header_begun(self) -> None:
         """Part of a request header (or a SASL token's length) is here: start its clock."""
@@ -647,6 +704,8 @@ class Session:
         if self.closed:
             return
         self.up.write(frame)
+        self._give(self.c_hold_taken)
+        self.c_hold_taken = 0
         pending, self.c_delayed = self.c_delayed or [], None
         for i, chunk in enumerate(pending):
             self._c2b(chunk)
@@ -753,6 +812,8 @@ class Session:
                 if not self.b_hold_left:
                     pieces, entry = self.b_hold, self.b_hold_entry
                     self.b_hold = self.b_hold_entry = None
+                    self._give(self.b_hold_taken)
+                    self.b_hold_taken = 0
                     if len(pieces) > 1 and not rewrite.may_carry_endpoints(
                         pieces, entry.api_key, entry.api_version
                     ):
@@ -822,7 +883,9 @@ class Session:
                 entry is not None
                 and self.proxy.rewriting
                 and rewrite.has_endpoints(entry.api_key, entry.api_version)
+                and self._take(total)  # at the memory budget: forwarded as it comes, not rewritten
             ):
+                self.b_hold_taken = total
                 if prefix is None:
                     if span < pos:
                         self._to_client(memoryview(data)[span:pos])

@@ -701,7 +701,8 @@ def test_broker_listener_refuses_while_its_broker_does(tmp_path: Path, io: str) 
 
 def test_io_mode_follows_tls_and_rules(tmp_path: Path) -> None:
     rule = parse_rule("api=Produce,error=56")
-    assert loopback_config(1).threaded()
+    assert not loopback_config(1).threaded()  # auto: the event loop, which holds up under many connections
+    assert loopback_config(1, io="threads").threaded()
     assert not loopback_config(1, rules=[rule]).threaded()  # rules answer from the event loop
     assert not loopback_config(1, upstream_tls=True).threaded()
     assert not loopback_config(1, io="asyncio").threaded()
@@ -716,6 +717,7 @@ def test_io_mode_follows_tls_and_rules(tmp_path: Path) -> None:
     [
         (["--io", "threads", "--inject", "api=Produce,error=56"], "does not do TLS or fault rules"),
         (["--io", "fibres"], "io must be one of"),
+        (["--max-memory-mb", "-1"], "--max-memory-mb -1: must be 0 (no limit) or more"),
         (["--inject", "api=Produce,error=NO_SUCH_ERROR"], "bad fault rule"),
         (["--tls-cert", "c.pem"], "--tls-cert and --tls-key go together"),
         (["--listen", "127.0.0.1:99999"], "the port must be a number from 0 to 65535"),
