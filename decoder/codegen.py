@@ -50,8 +50,17 @@ _ARRAY_UNPACK = {"int16": "_a16", "int32": "_a32", "int64": "_a64"}
 NULLABLE = 1
 CLASSIC_ENCODING = 2
 
+
+def _count_error(name: str, n: int, p: int, e: int) -> str:
+    """Why an array's count does not fit: its count, or its count field itself, runs past the frame."""
+    if p > e:
+        return f"{name}: array count runs past the frame"
+    return f"{name}: array count {n} exceeds the frame"
+
+
 _NAMESPACE: dict[str, Any] = {
     "Malformed": Malformed,
+    "_count_error": _count_error,
     "_uv": read_uvarint,
     "_uuid": read_uuid,
     "_records": summarize_records,
@@ -158,7 +167,7 @@ def _field_code(w: _Writer, ind: int, field: list[Any], flexible: bool, keep: bo
     element = ftype[2:]
     _length(w, ind, compact, wide=True)
     w.emit(ind, "if n > e - p:")
-    w.emit(ind + 1, f"raise Malformed('{name}: array count ' + str(n) + ' exceeds the frame')")
+    w.emit(ind + 1, f"raise Malformed(_count_error('{name}', n, p, e))")
     if kept:
         w.emit(ind, "if n < 0:")
         w.emit(ind + 1, f"{target} = None")

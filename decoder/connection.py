@@ -86,6 +86,7 @@ _Response = fast_constructor(Response)
 _RequestReceived = fast_constructor(RequestReceived)
 _ResponseReceived = fast_constructor(ResponseReceived)
 _ACKS0_REMEMBERED = 256
+_PADDING = bytes(64)  # zeros after a malformed frame decoded again (see ``_padded``)
 _HUNT_WAITING_MAX = 64  # incomplete candidates remembered at once while hunting
 _SKELETON_MIN = 64 << 10  # held frames at least this long are decoded from their skeleton when they can be
 _SKELETON_HEAD = 1 << 10  # bytes a request or response header is looked for in
@@ -104,6 +105,12 @@ _REQUEST_CANDIDATE = re.compile(
 )
 # Offsets where a response may start: length < 128 MiB and at least 4.
 _RESPONSE_CANDIDATE = re.compile(rb"(?=(?!\x00\x00\x00[\x00-\x03])[\x00-\x07][\x00-\xff]{3})", re.DOTALL)
+
+
+def _padded(buf: Any, pos: int, end: int) -> bytes:
+    """The frame ``buf[pos:end]`` alone, then zeros: a malformed body is decoded again from this,
+    so its error reads the same whatever bytes happened to follow it in the buffer."""
+    return bytes(buf[pos:end]) + _PADDING
 
 
 def _printable(text: str) -> bool:
@@ -249,6 +256,7 @@ class KafkaConnection:
         self.resyncs = 0
         self.closed = False
         self._closing = False  # receive_close is deciding what the last bytes were
+        self._hunt_behind = False  # the hunt checks a candidate behind one still waiting for bytes
         self._sasl: RawExchange | None = None  # an unframed SASL token exchange under way
         self._sasl_end = "complete"  # how it ended, when not by its own course
         self._fresh = synced  # no client frame yet on a connection whose start was seen
@@ -330,17 +338,11 @@ class KafkaConnection:
             return 0
         left = rx.need - rx.held
         total = rx.need
-        head = bytearray()
-        for part in rx.parts:  # enough of the frame to name it in the report
-            head += part[: _CLOSE_HEAD - len(head)]
-            if len(head) >= _CLOSE_HEAD:
-                break
-        held = rx.held
-        rx.spill_head(head, rx.frame_ns)
+        held = rx.spill_head(_CLOSE_HEAD)
         state.gap_bytes += left
         self._truncated_frame(direction, state, total, ts_ns)
         rx.clear()
-        rx.base += held - len(head)  # the stream offset past what was held
+        rx.base += held - min(held, _CLOSE_HEAD)  # the stream offset past what was held
         state.skip += left
         if direction == BROKER_TO_CLIENT:
             self._gap_covers_seq = self._seq
@@ -357,13 +359,7 @@ class KafkaConnection:
             rx = state.rx
             if rx.need and rx.held > _CLOSE_HEAD and not state.hunting and not state.raw:
                 # a large frame cut by the end: only its head is needed to report it (no copy)
-                held_big[direction] = rx.held
-                head = bytearray()
-                for part in rx.parts:
-                    head += part[: _CLOSE_HEAD - len(head)]
-                    if len(head) >= _CLOSE_HEAD:
-                        break
-                rx.spill_head(head, rx.frame_ns)
+                held_big[direction] = rx.spill_head(_CLOSE_HEAD)
             else:
                 rx.spill()
         for direction, state in enumerate(self._dirs):
@@ -511,13 +507,10 @@ class KafkaConnection:
                 rx.drop_frame()
                 return p
             frame = rx.take_frame()
-            # A malformed body is decoded again with the chunk's next bytes behind it, as when
-            # every frame was cut from one buffer: its error then reads the same.
-            tail = memoryview(data)[p:] if p < n else None
             if direction == CLIENT_TO_BROKER:
-                self._request_frame(frame, 0, len(frame), start_ns, ts_ns, tail)
+                self._request_frame(frame, 0, len(frame), start_ns, ts_ns)
             else:
-                self._response_frame(frame, 0, len(frame), start_ns, ts_ns, tail)
+                self._response_frame(frame, 0, len(frame), start_ns, ts_ns)
         return p
 
     def _skeleton_frame(self, direction: int, parts: list[Any], start_ns: int, end_ns: int) -> bool:
@@ -620,10 +613,13 @@ class KafkaConnection:
             if end > len(buf):
                 break
             state.frames += 1
+            # times of the frame's first and last bytes (a hunt may have held it past its arrival)
+            start_ns = rx.time_at(pos)
+            end_ns = rx.time_at(end - 1)
             if direction == CLIENT_TO_BROKER:
-                self._request_frame(buf, pos, end, rx.time_at(pos), ts_ns)
+                self._request_frame(buf, pos, end, start_ns, end_ns)
             else:
-                self._response_frame(buf, pos, end, rx.time_at(pos), ts_ns)
+                self._response_frame(buf, pos, end, start_ns, end_ns)
             pos = end
         rx.consume_to(pos)
 
@@ -648,6 +644,7 @@ class KafkaConnection:
             if base + end < ready_abs and not self._closing:
                 waiting.append((at_abs, ready_abs))
                 continue
+            self._hunt_behind = bool(waiting)
             verdict, ready = check(buf, at, end, at == after_gap)
             if verdict == _ACCEPT:
                 found = at
@@ -659,6 +656,7 @@ class KafkaConnection:
             pattern = _REQUEST_CANDIDATE if request else _RESPONSE_CANDIDATE
             for match in pattern.finditer(buf, max(start, state.hunt_scan - base)):
                 at = match.start()
+                self._hunt_behind = bool(waiting)
                 verdict, ready = check(buf, at, end, at == after_gap)
                 if verdict == _ACCEPT:
                     found = at
@@ -690,6 +688,16 @@ class KafkaConnection:
         state.hunt_skipped = 0
         return True
 
+    def _at_data_end(self, at: int, need: int) -> tuple[int, int]:
+        """Verdict on a frame that ends where the bytes so far end and whose body did not decode
+        cleanly (trailing bytes, or not the layout): taken, unless an earlier candidate still
+        waits for its bytes. This one may then be a chance match inside that one's frame (in a
+        record batch), so the bytes after it decide: the earlier candidate, checked first, is
+        taken if it checks out."""
+        if self._hunt_behind and not self._closing:
+            return _WAIT, at + need
+        return _ACCEPT, 0
+
     def _plausible_request(self, buf: Any, at: int, end: int, _after_gap: bool) -> tuple[int, int]:
         """Hunt verdict on a request starting at ``buf[at]`` (and the index to wait for)."""
         if end - at < 14:
@@ -714,7 +722,7 @@ class KafkaConnection:
         ``whole``: only if that one decodes as well (once it is all there)."""
         have = end - at
         if have == 0:
-            return _ACCEPT, 0
+            return self._at_data_end(at, 14) if whole else (_ACCEPT, 0)
         if have < 4:
             return (_ACCEPT, 0) if self._closing else (_WAIT, at + 4)
         size = _I32(buf, at)[0]
@@ -801,7 +809,7 @@ class KafkaConnection:
         ``matched``: only if that one answers a pending (or acks=0) request too."""
         have = end - at
         if have == 0:
-            return _ACCEPT, 0
+            return self._at_data_end(at, 8) if matched else (_ACCEPT, 0)
         if have < (8 if matched else 4):
             return (_ACCEPT, 0) if self._closing else (_WAIT, at + (8 if matched else 4))
         size = _I32(buf, at)[0]
@@ -815,16 +823,13 @@ class KafkaConnection:
 
     # ---- frames ------------------------------------------------------------------------
 
-    def _request_frame(
-        self, buf: Any, pos: int, end: int, start_ns: int, end_ns: int, tail: Any = None
-    ) -> None:
-        """Decode the request frame ``buf[pos:end]`` and note it. ``tail``: the bytes that follow
-        it when ``buf`` ends with the frame (a malformed body is decoded again with them)."""
+    def _request_frame(self, buf: Any, pos: int, end: int, start_ns: int, end_ns: int) -> None:
+        """Decode the request frame ``buf[pos:end]`` and note it."""
         if self._watch_client and self._sasl_client_frame(buf, pos, end, start_ns, end_ns):
             return
         request = self._parse_request(buf, pos, end, start_ns, end_ns)
-        if tail is not None and request.status == "malformed":
-            request = self._parse_request(bytes(buf[pos:end]) + tail, 0, end - pos, start_ns, end_ns)
+        if request.status == "malformed":
+            request = self._parse_request(_padded(buf, pos, end), 0, end - pos, start_ns, end_ns)
         self._add_request(request, end_ns)
 
     def _parse_request(self, buf: Any, pos: int, end: int, start_ns: int, end_ns: int) -> Request:
@@ -892,10 +897,10 @@ class KafkaConnection:
             self._events.append(Unanswered(oldest, "evicted", ts_ns))
 
     def _response_frame(
-        self, buf: Any, pos: int, end: int, start_ns: int, end_ns: int, tail: Any = None, decoded: Any = None
+        self, buf: Any, pos: int, end: int, start_ns: int, end_ns: int, decoded: Any = None
     ) -> None:
-        """Decode the response frame ``buf[pos:end]`` and match it (``tail`` as for requests;
-        ``decoded``: the response, already decoded as the answer to the request it matches)."""
+        """Decode the response frame ``buf[pos:end]`` and match it (``decoded``: the response,
+        already decoded as the answer to the request it matches)."""
         if self._dirs[BROKER_TO_CLIENT].raw and self._sasl_server_frame(buf, pos, end, end_ns):
             return
         corr = _I32(buf, pos + 4)[0]
@@ -903,7 +908,7 @@ class KafkaConnection:
         if entry is None:
             answered = self._acks0.pop(corr, None)
             if answered is not None:  # decodable: we know what it answers
-                response = decoded or self._decode_response(answered, buf, pos, end, start_ns, end_ns, tail)
+                response = decoded or self._decode_response(answered, buf, pos, end, start_ns, end_ns)
                 self._events.append(OrphanResponse(response, answered))
             else:
                 self._events.append(
@@ -913,7 +918,7 @@ class KafkaConnection:
         seq, request = entry
         if seq != self._oldest_seq():
             self._expire_older(seq, end_ns)
-        response = decoded or self._decode_response(request, buf, pos, end, start_ns, end_ns, tail)
+        response = decoded or self._decode_response(request, buf, pos, end, start_ns, end_ns)
         received = _ResponseReceived(request, response)
         received.__class__ = ResponseReceived
         self._events.append(received)
@@ -921,13 +926,12 @@ class KafkaConnection:
             self._sasl_answered(request, response)
 
     def _decode_response(
-        self, request: Request, buf: Any, pos: int, end: int, start_ns: int, end_ns: int, tail: Any = None
+        self, request: Request, buf: Any, pos: int, end: int, start_ns: int, end_ns: int
     ) -> Response:
-        """Decode a response as the answer to ``request`` (``tail`` as for ``_request_frame``)."""
+        """Decode a response as the answer to ``request``."""
         response = self._parse_response(request, buf, pos, end, start_ns, end_ns)
-        if tail is not None and response.status != "ok":
-            buf = bytes(buf[pos:end]) + tail
-            response = self._parse_response(request, buf, 0, end - pos, start_ns, end_ns)
+        if response.status != "ok":
+            response = self._parse_response(request, _padded(buf, pos, end), 0, end - pos, start_ns, end_ns)
         return response
 
     def _parse_response(

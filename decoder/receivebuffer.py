@@ -121,10 +121,18 @@ class ReceiveBuffer:
             parts = self._release()
             self.append(parts[0] if len(parts) == 1 else b"".join(parts), self.frame_ns)
 
-    def spill_head(self, head: Any, ts_ns: int) -> None:
-        """Forget the held frame but for ``head``, its first bytes, moved into ``buf``."""
+    def spill_head(self, size: int) -> int:
+        """Forget the held frame but for its first ``size`` bytes, moved into ``buf`` (enough to
+        name the frame in a report, without joining the rest); returns how many bytes were held."""
+        held = self.held
+        head = bytearray()
+        for part in self.parts:
+            head += part[: size - len(head)]
+            if len(head) >= size:
+                break
         self._release()
-        self.append(head, ts_ns)
+        self.append(head, self.frame_ns)
+        return held
 
     def _release(self) -> list[Any]:
         """Stop holding a frame; return its pieces."""

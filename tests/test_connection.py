@@ -315,6 +315,26 @@ def test_response_right_after_a_gap_with_its_request_lost_is_an_orphan() -> None
     ]
 
 
+def test_hunt_takes_no_chance_match_inside_a_response_still_arriving() -> None:
+    """A connection picked up mid-way (a replica fetcher): the first response is checked but not
+    all in yet, and its body holds what reads as a whole response to the same pending request,
+    ending where the bytes so far end. The first frame is taken once its bytes come (in 006-healthy
+    a Fetch v18 response was cut in two that way)."""
+    inner = kf.response(1, b"\x00" * 8)  # reads as Heartbeat response 1 with trailing bytes
+    outer = kf.response(1, b"\x00\x00" + inner + b"\x00" * 4)
+    cut = outer.index(inner) + len(inner)
+    conn = KafkaConnection(synced=False)
+    conn.receive_data(UP, kf.heartbeat_v0(1), 1)
+    conn.receive_data(DOWN, outer[:cut], 2)
+    conn.receive_data(DOWN, outer[cut:], 3)
+    conn.receive_close(4)
+    answers = [e for e in conn.events() if isinstance(e, ResponseReceived)]
+    assert [(e.request.correlation_id, e.response.size, e.response.end_ns) for e in answers] == [
+        (1, len(outer), 3)
+    ]
+    assert not [e for e in conn.events() if isinstance(e, (OrphanResponse, MalformedFrame))]
+
+
 def test_close_decodes_a_checked_frame_that_waited_for_the_bytes_after_it() -> None:
     stream = kf.heartbeat_v0(1) + kf.heartbeat_v0(2)
     conn = KafkaConnection(synced=False)
