@@ -6,14 +6,19 @@ Packets come from a capture program (``kwire.live.CaptureProgram``: tcpdump or d
 connection and direction, to the proxy's own ``proxy.recorder.Recorder``: the same decoding, the
 same rolling Parquet files renamed into place when complete, the same bounds (a queue bounded in
 bytes whose overflow becomes a counted gap, a bound on rows waiting for the writer), the same
-``DIR/.kwire-proxy.lock`` claim and the same Prometheus metrics and names (``serve_metrics``).
+``DIR/.kwire-proxy.lock`` claim and the same Prometheus metrics and names, requests included
+(``kwire.sidecar_requests`` counts them from the client's bytes as the proxy does), on the same
+admin endpoint (``proxy.admin``: ``/metrics``, ``/healthz``, and ``/ready`` while the capture
+program runs; ``--metrics-token-file`` as for the proxy).
 
 Which side is the broker: the side on a ``--port`` (9092 unless given); connections on no such port
 are not recorded. A connection already open when the capture starts is joined mid-way: its decoder
 hunts for the first frame boundary, as after a lost packet.
 
-When the capture program stops (the interface went down, it was killed), the sidecar starts it
-again after a pause that grows to 5 s; connections carry on (their missing bytes become gaps).
+When the capture program stops (the interface went away, it was killed), the sidecar starts it
+again after a pause that grows to 5 s (back to 0.5 s once one ran 30 s); connections carry on
+(their missing bytes become gaps). tcpdump keeps running while an interface is merely down (no
+packets come); it exits when the interface is removed, and then cannot start until it is back.
 SIGTERM or Ctrl-C: the last rows are written and the files renamed before it exits (0; 130 for Ctrl-C).
 """
 
@@ -22,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -30,6 +36,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+
+from kwire.sidecar_requests import RequestCounter
 
 __all__ = ["Sidecar", "capture"]
 
@@ -56,12 +64,24 @@ class Sidecar:
         self.packets = 0
         self.error: str | None = None
         self._conns: dict[int, tuple[bool, int]] = {}  # reassembler id -> (swapped, key)
+        self._requests: dict[int, RequestCounter] = {}  # reassembler id -> its request counter
         self._issued: dict[str, int] = {}
         self._last_ts = 0
         self._thread = threading.Thread(target=self._run, name="kwire-capture", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+
+    def capturing(self) -> bool:
+        """Whether a capture program is running now."""
+        program = self.program
+        return program is not None and program.process.poll() is None and not self.stopping.is_set()
+
+    async def ready(self) -> tuple[bool, str]:
+        """(ready, why) for ``/ready``: the capture program runs."""
+        if self.capturing():
+            return True, f"capturing on {self.interface} (restarts: {self.restarts})"
+        return False, f"no capture running on {self.interface} (restarts: {self.restarts})"
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop capturing; the open connections are closed as ``open_at_end``."""
@@ -124,10 +144,15 @@ class Sidecar:
                 direction = event.direction ^ swapped
                 self.recorder.data(key, direction, event.data, event.ts_ns)
                 self.metrics.add("bytes_to_client" if direction else "bytes_to_broker", len(event.data))
+                if not direction:
+                    self._requests[event.conn_id].data(event.data)
         elif kind is StreamGap:
             entry = self._conns.get(event.conn_id)
             if entry is not None:
-                self.recorder.gap(entry[1], event.direction ^ entry[0], event.nbytes, event.ts_ns)
+                direction = event.direction ^ entry[0]
+                self.recorder.gap(entry[1], direction, event.nbytes, event.ts_ns)
+                if not direction:
+                    self._requests[event.conn_id].gap()
         elif kind is StreamOpened:
             if event.server_port in self.ports:
                 swapped, opened = False, event
@@ -150,6 +175,7 @@ class Sidecar:
                 opened.server_port,
             )
             self._conns[key] = (swapped, key)
+            self._requests[key] = RequestCounter(self.metrics, synced=event.syn_seen)
             self.recorder.open(key, info, event.ts_ns)
             self.metrics.add("connections_open")
             self.metrics.add("connections_total")
@@ -158,6 +184,7 @@ class Sidecar:
                 self.recorder.gap(key, 1, 1, event.ts_ns)
         elif kind is StreamClosed:
             entry = self._conns.pop(event.conn_id, None)
+            self._requests.pop(event.conn_id, None)
             if entry is not None:
                 swapped, key = entry
                 to_server, to_client = event.stats.directions
@@ -174,9 +201,14 @@ class Sidecar:
 
 
 async def _serve(
-    sidecar: Sidecar, recorder: Any, metrics: Any, metrics_host: str, metrics_port: int | None
+    sidecar: Sidecar,
+    recorder: Any,
+    metrics: Any,
+    metrics_host: str,
+    metrics_port: int | None,
+    token: str | None = None,
 ) -> int:
-    from proxy.metrics import serve_metrics
+    from proxy.admin import AdminAuth, AdminRoutes, serve_admin
 
     loop = asyncio.get_running_loop()
     done = asyncio.Event()
@@ -192,7 +224,13 @@ async def _serve(
     recorder.start()
     server = None
     if metrics_port is not None:
-        server = await serve_metrics(metrics, metrics_host, metrics_port)
+        try:
+            server = await serve_admin(
+                AdminRoutes(metrics, ready=sidecar.ready), metrics_host, metrics_port, AdminAuth(token)
+            )
+        except OSError as exc:
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise OSError(f"cannot serve metrics on {metrics_host}:{metrics_port}: {reason}") from exc
     sidecar.start()
     port = server.sockets[0].getsockname()[1] if server is not None else None
     extra = f", metrics on {metrics_host}:{port}" if port is not None else ""
@@ -236,10 +274,18 @@ def capture(
     ] = 64,
     metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus metrics on this port")] = None,
     metrics_host: Annotated[str, typer.Option(help="address the metrics endpoint binds")] = "127.0.0.1",
+    metrics_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="file holding a token /metrics then asks for (Authorization: Bearer TOKEN); "
+            "or set KWIRE_METRICS_TOKEN"
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error")] = "info",
 ) -> None:
     """Passive sidecar: record the Kafka traffic on an interface into rolling Parquet files, as the
     proxy does, without being in the data path (needs CAP_NET_RAW and CAP_NET_ADMIN, or root)."""
+    from kwire.proxy_command import _metrics_token
     from proxy.metrics import Metrics
     from proxy.outdir import claim
     from proxy.recorder import Recorder
@@ -262,6 +308,7 @@ def capture(
         raise fail(f"--metrics-port {metrics_port}: the port must be a number from 0 to 65535")
     if flush_seconds <= 0 or flush_rows <= 0 or max_queue_mb <= 0:
         raise fail("--flush-seconds, --flush-rows and --max-queue-mb must be more than 0")
+    token = _metrics_token(metrics_token_file, "kwire capture")
     ports = port or [9092]
     bpf = capture_filter or " or ".join(f"tcp port {p}" for p in ports)
     try:
@@ -280,12 +327,10 @@ def capture(
     )
     sidecar = Sidecar(interface, bpf, ports, recorder, metrics)
     try:
-        code = asyncio.run(_serve(sidecar, recorder, metrics, metrics_host, metrics_port))
+        code = asyncio.run(_serve(sidecar, recorder, metrics, metrics_host, metrics_port, token))
     except OSError as exc:
         raise fail(str(exc)) from None
     finally:
-        import os
-
         os.close(lock_fd)
     if code:
         raise typer.Exit(code)

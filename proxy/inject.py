@@ -8,10 +8,16 @@ A rule is written ``key=value`` pairs joined by commas::
 
 Match keys (all optional, all must hold): ``api`` (name or key), ``topic``, ``partition``,
 ``client_id``. Action (exactly one): ``error=NAME|CODE``, ``latency=DURATION``, ``close``.
-Timing: ``rate`` (0-1, default 1), ``after`` (start delay from proxy start, default 0),
-``for`` (how long it stays active, default forever). Durations: ``250ms``, ``5s``, ``2m``
-or plain seconds. A rules file is JSON: a list of such strings or of objects with the same
-keys (``{"api": "Produce", "error": 56}``).
+Timing: ``rate`` (0-1, default 1), ``after`` (start delay from when the rule was loaded: the
+proxy's start, or the reload that brought it, default 0), ``for`` (how long it stays active,
+default forever). A reload keeps the clock (and the count) of every rule whose text is
+unchanged, so re-sending the same rules does not restart their windows. Durations: ``250ms``,
+``5s``, ``2m`` or plain seconds. A rules file is YAML or JSON (JSON is YAML): a list of such
+strings or of objects with the same keys (``{"api": "Produce", "error": 56}``), or a mapping
+whose ``rules`` key holds that list (``proxy.config_file`` reads it, with line numbers).
+
+``RuleSet.replace`` swaps the active rules in one assignment: a connection deciding on a
+request sees either the old rules or the new ones, never a mix.
 
 An ``error`` rule answers the request itself, with a response of the request's version that
 the proxy builds with ``decoder.message_codec``; the request is not forwarded, so nothing is
@@ -22,7 +28,6 @@ then retries all of them, which is what a broker failing the whole request looks
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import struct
@@ -38,6 +43,7 @@ __all__ = [
     "RuleError",
     "RuleSet",
     "build_error_response",
+    "load_rules",
     "parse_duration",
     "parse_rule",
     "request_targets",
@@ -49,12 +55,18 @@ _I32 = struct.Struct(">i")
 
 
 class RuleError(ValueError):
-    """A rule that cannot be understood."""
+    """A rule that cannot be understood; ``key`` names the rule key at fault, when one is."""
+
+    key: str | None = None
 
 
 def parse_duration(text: str | float | int) -> float:
     """Seconds from ``250ms``, ``5s``, ``2m``, ``1h`` or a plain number of seconds."""
+    if isinstance(text, bool) or not isinstance(text, str | int | float):
+        raise RuleError(f"not a duration: {text!r}")
     if isinstance(text, int | float):
+        if text < 0:
+            raise RuleError(f"not a duration: {text!r}")
         return float(text)
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*", text)
     if not match:
@@ -97,6 +109,10 @@ class Rule:
     after_s: float = 0.0
     for_s: float | None = None
     applied: int = 0
+    #: Where the rule was written (``FILE:LINE``, ``--inject``), for logs and ``GET /rules``.
+    origin: str | None = None
+    #: ``time.monotonic()`` when the rule was loaded; ``after``/``for`` count from here.
+    since: float = field(default_factory=time.monotonic)
 
     @property
     def needs_body(self) -> bool:
@@ -112,9 +128,27 @@ class Rule:
     def label(self) -> str:
         return self.text
 
+    def describe(self) -> dict[str, Any]:
+        """The rule as JSON-ready values (``GET /rules``)."""
+        elapsed = time.monotonic() - self.since
+        out: dict[str, Any] = {"rule": self.text, "action": self.action}
+        if self.api_key is not None:
+            out["api"] = protocol.api_name(self.api_key) or self.api_key
+        for name in ("topic", "partition", "client_id"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        if self.action == "error":
+            out["error"] = protocol.error_name(self.error_code) or self.error_code
+        elif self.action == "latency":
+            out["latency_s"] = self.latency_s
+        out.update(rate=self.rate, after_s=self.after_s, for_s=self.for_s)
+        out.update(active=self.active(elapsed), applied=self.applied, origin=self.origin)
+        return out
 
-def parse_rule(spec: str | dict[str, Any]) -> Rule:
-    """A rule from its text (``api=Produce,error=56``) or from a JSON object."""
+
+def parse_rule(spec: str | dict[str, Any], origin: str | None = None) -> Rule:
+    """A rule from its text (``api=Produce,error=56``) or from a JSON object; ``origin`` says
+    where it was written (``FILE:LINE``)."""
     if isinstance(spec, str):
         text = spec
         items: dict[str, Any] = {}
@@ -129,50 +163,72 @@ def parse_rule(spec: str | dict[str, Any]) -> Rule:
         text = ",".join(f"{k}={v}" if v is not True else k for k, v in items.items())
     else:
         raise RuleError(f"a rule is a string or an object, not {type(spec).__name__}")
-    rule = Rule(text=text)
-    actions = []
+    rule = Rule(text=text, origin=origin)
+    actions: list[str] = []
     for key, value in items.items():
-        if key == "api":
-            rule.api_key = _api_key(value)
-        elif key == "topic":
-            rule.topic = str(value)
-        elif key == "partition":
-            rule.partition = int(value)
-        elif key in ("client_id", "client"):
-            rule.client_id = str(value)
-        elif key == "error":
-            rule.error_code = _error_code(value)
-            actions.append("error")
-        elif key == "latency":
-            rule.latency_s = parse_duration(value)
-            actions.append("latency")
-        elif key == "close":
-            if value is True or str(value).lower() in ("1", "true", "yes"):
-                actions.append("close")
-        elif key == "rate":
-            rule.rate = float(value)
-            if not 0 <= rule.rate <= 1:
-                raise RuleError(f"rate must be within 0-1: {value}")
-        elif key == "after":
-            rule.after_s = parse_duration(value)
-        elif key == "for":
-            rule.for_s = parse_duration(value)
-        else:
-            raise RuleError(f"unknown rule key {key!r} in {text!r}")
+        try:
+            _apply(rule, actions, key, value, text)
+        except RuleError as exc:
+            exc.key = key
+            raise
     if len(actions) != 1:
         raise RuleError(f"a rule needs exactly one action (error=, latency=, close): {text!r}")
     rule.action = actions[0]
     return rule
 
 
+def _apply(rule: Rule, actions: list[str], key: str, value: Any, text: str) -> None:
+    """Set one ``key=value`` of a rule (``actions`` collects the action keys seen)."""
+    if key == "api":
+        rule.api_key = _api_key(value)
+    elif key == "topic":
+        rule.topic = str(value)
+    elif key == "partition":
+        rule.partition = _integer(key, value)
+    elif key in ("client_id", "client"):
+        rule.client_id = str(value)
+    elif key == "error":
+        rule.error_code = _error_code(value)
+        actions.append("error")
+    elif key == "latency":
+        rule.latency_s = parse_duration(value)
+        actions.append("latency")
+    elif key == "close":
+        if value is True or str(value).lower() in ("1", "true", "yes"):
+            actions.append("close")
+    elif key == "rate":
+        rule.rate = _number(key, value)
+        if not 0 <= rule.rate <= 1:
+            raise RuleError(f"rate must be within 0-1: {value}")
+    elif key == "after":
+        rule.after_s = parse_duration(value)
+    elif key == "for":
+        rule.for_s = parse_duration(value)
+    else:
+        raise RuleError(f"unknown rule key {key!r} in {text!r}")
+
+
+def _integer(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not (isinstance(value, int) or str(value).lstrip("-").isdigit()):
+        raise RuleError(f"{key} must be a whole number, not {value!r}")
+    return int(value)
+
+
+def _number(key: str, value: Any) -> float:
+    if isinstance(value, bool):
+        raise RuleError(f"{key} must be a number, not {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise RuleError(f"{key} must be a number, not {value!r}") from None
+
+
 def load_rules(path: str | Path) -> list[Rule]:
-    """Rules from a JSON file: a list of rule strings or objects."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    if isinstance(data, dict) and "rules" in data:
-        data = data["rules"]
-    if not isinstance(data, list):
-        raise RuleError(f"{path}: expected a JSON list of rules")
-    return [parse_rule(item) for item in data]
+    """Rules from a YAML or JSON file: a list of rule strings or objects (or ``rules:`` holding
+    one). A mistake raises ``RuleError`` as ``FILE:LINE: what`` (``proxy.config_file``)."""
+    from proxy.config_file import read_rules_file
+
+    return read_rules_file(Path(path))
 
 
 def request_targets(fields: Any, topic_names: dict[str, str]) -> tuple[set[str], set[tuple[str, int]]]:
@@ -216,40 +272,77 @@ class Decision:
     action: str
 
 
-@dataclass
+class _Active:
+    """One generation of rules, with what the forwarding path's pre-checks need (immutable)."""
+
+    __slots__ = ("any_api", "api_keys", "rules")
+
+    def __init__(self, rules: list[Rule]) -> None:
+        self.rules = tuple(rules)
+        self.any_api = any(rule.api_key is None for rule in rules)
+        self.api_keys = frozenset(rule.api_key for rule in rules if rule.api_key is not None)
+
+
 class RuleSet:
-    """The active rules, with the clock and random source they are judged by."""
+    """The active rules, with the random source they are judged by.
 
-    rules: list[Rule] = field(default_factory=list)
-    seed: int | None = None
-    started: float = field(default_factory=time.monotonic)
+    Sessions keep a reference to one ``RuleSet`` for their whole life; ``replace`` swaps the
+    rules under them (one attribute assignment: each decision reads one generation).
+    """
 
-    def __post_init__(self) -> None:
-        self._random = random.Random(self.seed)
-        self.any_api = any(rule.api_key is None for rule in self.rules)
-        self.api_keys = {rule.api_key for rule in self.rules if rule.api_key is not None}
+    def __init__(self, rules: list[Rule] | None = None, seed: int | None = None) -> None:
+        self.seed = seed
+        self._random = random.Random(seed)
+        self._active = _Active(list(rules or []))
+
+    @property
+    def rules(self) -> list[Rule]:
+        return list(self._active.rules)
+
+    @property
+    def any_api(self) -> bool:
+        return self._active.any_api
+
+    @property
+    def api_keys(self) -> frozenset[int]:
+        return self._active.api_keys
 
     def __bool__(self) -> bool:
-        return bool(self.rules)
+        return bool(self._active.rules)
+
+    def replace(self, rules: list[Rule]) -> list[Rule]:
+        """Make ``rules`` the active rules. A rule whose text equals one active now keeps that
+        one's clock and count; the others start their ``after``/``for`` now. The new list."""
+        old = {rule.text: rule for rule in self._active.rules}
+        now = time.monotonic()
+        for rule in rules:
+            kept = old.get(rule.text)
+            if kept is not None:
+                rule.since, rule.applied = kept.since, kept.applied
+            else:
+                rule.since = now
+        self._active = _Active(rules)
+        return list(rules)
 
     def may_apply(self, api_key: int) -> bool:
         """Cheap pre-check on the forwarding path: could any rule act on this api now?"""
-        if not self.rules or not (self.any_api or api_key in self.api_keys):
+        active = self._active
+        if not active.rules or not (active.any_api or api_key in active.api_keys):
             return False
-        elapsed = time.monotonic() - self.started
-        return any(rule.active(elapsed) and rule.api_key in (None, api_key) for rule in self.rules)
+        now = time.monotonic()
+        return any(rule.active(now - rule.since) and rule.api_key in (None, api_key) for rule in active.rules)
 
     def needs_body(self, api_key: int) -> bool:
-        return any(rule.needs_body for rule in self.rules if rule.api_key in (None, api_key))
+        return any(rule.needs_body for rule in self._active.rules if rule.api_key in (None, api_key))
 
     def decide(
         self, api_key: int, client_id: str | None, fields: Any, topic_names: dict[str, str]
     ) -> Rule | None:
         """The first active rule that matches this request and wins its rate draw."""
-        elapsed = time.monotonic() - self.started
+        now = time.monotonic()
         targets: tuple[set[str], set[tuple[str, int]]] | None = None
-        for rule in self.rules:
-            if rule.api_key not in (None, api_key) or not rule.active(elapsed):
+        for rule in self._active.rules:
+            if rule.api_key not in (None, api_key) or not rule.active(now - rule.since):
                 continue
             if rule.client_id is not None and rule.client_id != client_id:
                 continue

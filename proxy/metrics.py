@@ -47,17 +47,14 @@ chunk about a third more, and the top-N ids, the per-id series cap and the ``oth
 would all stay here anyway (a child per series is a lock and three objects more). The
 counters stay plain dicts and ints under one lock; the project takes no dependency for it.
 
-**Endpoint.** ``serve_metrics``: HTTP/1.0 on the metrics address; ``GET``/``HEAD /metrics``
-answers the page, ``/healthz`` answers ``ok`` (no numbers, no token needed), any other path
-404, any other method 405. With a token (``--metrics-token-file`` or ``KWIRE_METRICS_TOKEN``),
-``/metrics`` needs ``Authorization: Bearer <token>`` and answers 401 otherwise. At most
-``MAX_METRICS_CONNECTIONS`` requests are served at once; more are closed at once.
+**Endpoint.** ``proxy.admin`` serves the page (``/metrics``) with ``/healthz``, ``/ready`` and
+``/rules`` on the metrics (admin) address; ``serve_metrics`` is that endpoint with the metrics
+alone.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import threading
 import time
 from bisect import bisect_left
@@ -123,6 +120,7 @@ _SCALARS = (
     "rows_written",
     "files_rolled",
     "node_listeners",
+    "rules_active",
 )
 
 
@@ -247,6 +245,7 @@ class Snapshot:
     rewrite_errors: dict[int, int]
     injected: dict[tuple[str, str], int]
     scalars: dict[str, int] = field(default_factory=dict)
+    rule_reloads: dict[tuple[str, str], int] = field(default_factory=dict)
     client_ids_limit: int = DEFAULT_CLIENT_IDS
     client_id_evictions: int = 0
 
@@ -282,6 +281,8 @@ class Metrics:
         self.rows_written = 0
         self.files_rolled = 0
         self.node_listeners = 0
+        self.rules_active = 0  # fault rules in force
+        self.rule_reloads: Counter[tuple[str, str]] = Counter()  # (source, result): SIGHUP, PUT /rules
         self.rerank_seconds = rerank_seconds
         self._rerank_due = time.monotonic() + rerank_seconds
         self.lock = threading.Lock()
@@ -357,6 +358,7 @@ class Metrics:
                 rewrites=dict(self.rewrites),
                 rewrite_errors=dict(self.rewrite_errors),
                 injected=dict(self.injected),
+                rule_reloads=dict(self.rule_reloads),
                 scalars={name: getattr(self, name) for name in _SCALARS},
                 client_ids_limit=self.clients.limit,
                 client_id_evictions=self.clients.evictions,
@@ -470,6 +472,17 @@ def render(snap: Snapshot) -> str:
     family("kwire_proxy_injected_faults_total", "counter", "Faults injected, by rule and action.")
     for (rule, action), n in sorted(snap.injected.items()):
         lines.append(f"kwire_proxy_injected_faults_total{_labels(rule=rule, action=action)} {n}")
+    scalar("kwire_proxy_fault_rules", "gauge", "Fault rules in force.", scalars["rules_active"])
+    family(
+        "kwire_proxy_rule_reloads_total",
+        "counter",
+        "Attempts to replace the fault rules, by source (signal: SIGHUP, admin: PUT /rules) and "
+        "result (error: the rules were kept).",
+    )
+    for source in ("signal", "admin"):
+        for result in ("ok", "error"):
+            n = snap.rule_reloads.get((source, result), 0)
+            lines.append(f"kwire_proxy_rule_reloads_total{_labels(source=source, result=result)} {n}")
     scalar(
         "kwire_proxy_dropped_rows_total",
         "counter",
@@ -535,101 +548,10 @@ def render(snap: Snapshot) -> str:
 
 # ---- the endpoint ------------------------------------------------------------------------------
 
-_TEXT = b"text/plain; charset=utf-8"
-_METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
-_REASONS = {
-    200: b"OK",
-    400: b"Bad Request",
-    401: b"Unauthorized",
-    404: b"Not Found",
-    405: b"Method Not Allowed",
-}
-
-
-class _Page:
-    """The last page rendered, served again within ``PAGE_REUSE_SECONDS``."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self.metrics = metrics
-        self.body = b""
-        self.at = float("-inf")
-        self._rendering: asyncio.Future[bytes] | None = None
-
-    async def get(self) -> bytes:
-        if time.monotonic() - self.at < PAGE_REUSE_SECONDS:
-            return self.body
-        if self._rendering is None or self._rendering.done():  # scrapes meanwhile share it
-            self._rendering = asyncio.ensure_future(asyncio.to_thread(self._render))
-        return await asyncio.shield(self._rendering)
-
-    def _render(self) -> bytes:
-        body = self.metrics.render().encode()
-        self.body, self.at = body, time.monotonic()
-        return body
-
-
-def _response(status: int, body: bytes, content_type: bytes = _TEXT, extra: bytes = b"") -> bytes:
-    return (
-        b"HTTP/1.0 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%sConnection: close\r\n\r\n"
-        % (status, _REASONS[status], content_type, len(body), extra)
-    ) + body
-
-
-def _bearer(request: bytes) -> bytes | None:
-    """The bearer token of the request's Authorization header, if it has one."""
-    for line in request.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"authorization":
-            scheme, _, token = value.strip().partition(b" ")
-            if scheme.lower() == b"bearer":
-                return token.strip()
-    return None
-
 
 async def serve_metrics(metrics: Metrics, host: str, port: int, token: str | None = None) -> asyncio.Server:
-    """Serve ``/metrics`` (and ``/healthz``) over HTTP/1.0 on host:port; with ``token``,
-    ``/metrics`` needs ``Authorization: Bearer <token>``."""
-    expected = token.encode() if token else None
-    page = _Page(metrics)
-    active = 0
+    """Serve ``/metrics`` and ``/healthz`` on host:port (``proxy.admin`` with no other routes);
+    with ``token``, ``/metrics`` needs ``Authorization: Bearer <token>``."""
+    from proxy.admin import AdminAuth, AdminRoutes, serve_admin
 
-    async def answer(request: bytes) -> bytes:
-        line = request.split(b"\r\n", 1)[0].split(b" ")
-        if len(line) != 3:
-            return _response(400, b"bad request\n")
-        method, target, _version = line
-        path = target.split(b"?", 1)[0]
-        if path not in (b"/metrics", b"/healthz"):
-            return _response(404, b"not found: the numbers are at /metrics\n")
-        if method not in (b"GET", b"HEAD"):
-            return _response(405, b"GET or HEAD\n", extra=b"Allow: GET, HEAD\r\n")
-        if path == b"/healthz":
-            return _response(200, b"ok\n")
-        if expected is not None:
-            given = _bearer(request)
-            if given is None or not hmac.compare_digest(given, expected):
-                return _response(
-                    401, b"a bearer token is needed\n", extra=b'WWW-Authenticate: Bearer realm="kwire"\r\n'
-                )
-        return _response(200, await page.get(), _METRICS_TYPE)
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal active
-        if active >= MAX_METRICS_CONNECTIONS:
-            writer.transport.abort()
-            return
-        active += 1
-        try:
-            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _READ_SECONDS)
-            response = await answer(request)
-            if request.startswith(b"HEAD "):
-                response = response.split(b"\r\n\r\n", 1)[0] + b"\r\n\r\n"
-            writer.write(response)
-            await asyncio.wait_for(writer.drain(), _READ_SECONDS)
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
-            pass
-        finally:
-            active -= 1
-            writer.close()
-
-    return await asyncio.start_server(handle, host, port, limit=16 << 10)
+    return await serve_admin(AdminRoutes(metrics), host, port, AdminAuth(token=token))

@@ -20,6 +20,13 @@ plain connections (no TLS, no fault rules) on blocking threads instead, two per 
 the threads fight over the GIL (175 pipelining connections: p50 97 ms against 66 ms on the
 loop; 2,000 idle connections closing at once stalled another client 3.6 s against 0.05 s),
 so the loop, which holds up under many connections, is the default (``auto``).
+
+**Operations.** The metrics port is the admin endpoint (``proxy.admin``): ``/metrics``,
+``/healthz``, ``/ready`` (``Proxy.ready_state``) and ``GET``/``PUT /rules``
+(``Proxy.put_rules``). SIGHUP re-reads the rules from where they came from
+(``ProxyConfig.rules_reloader``: the ``--rules`` file or the config file) and swaps them in
+at once (``Proxy.replace_rules``); a file that does not parse keeps the rules in force, is
+logged in one line and counted (``kwire_proxy_rule_reloads_total{result="error"}``).
 """
 
 from __future__ import annotations
@@ -33,15 +40,17 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from proxy import outdir, tls
+from proxy.admin import AdminAuth, AdminRoutes, admin_ssl_context, serve_admin
 from proxy.budget import DEFAULT_MAX_MEMORY_MB, MemoryBudget
 from proxy.endings import Endings
 from proxy.inject import Rule, RuleSet
-from proxy.metrics import DEFAULT_CLIENT_IDS, Metrics, serve_metrics
+from proxy.metrics import DEFAULT_CLIENT_IDS, Metrics
 from proxy.recorder import Recorder
 from proxy.session import ClientProtocol, Session
 from proxy.threaded import serve_listener
@@ -58,6 +67,11 @@ log = logging.getLogger("kwire.proxy")
 REFUSED_PROBE_SECONDS = 0.2
 #: Default ``ProxyConfig.header_timeout`` (``--header-timeout-s``).
 HEADER_TIMEOUT_SECONDS = 30.0
+#: ``/ready`` reuses its last broker check for this long (probes every second cost one
+#: connection to a broker a second at most).
+READY_REUSE_SECONDS = 1.0
+#: How long ``/ready`` waits for a broker to accept a connection.
+READY_CONNECT_SECONDS = 2.0
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -135,6 +149,14 @@ class ProxyConfig:
     metrics_host: str = "127.0.0.1"
     metrics_client_ids: int = DEFAULT_CLIENT_IDS  # client ids shown in the metrics, the rest as other
     metrics_token: str | None = None  # bearer token /metrics asks for (None: open)
+    admin_open: bool = False  # PUT /rules without a token or client certificate
+    admin_tls_cert: Path | None = None  # TLS on the admin (metrics) port
+    admin_tls_key: Path | None = None
+    admin_client_ca: Path | None = None  # mutual TLS: clients need a certificate this CA signed
+    #: Re-reads the rules for SIGHUP (raises ValueError/OSError with a one-line message); None:
+    #: SIGHUP has nothing to re-read (rules given with --inject only, or none).
+    rules_reloader: Callable[[], list[Rule]] | None = None
+    rules_origin: str | None = None  # where the rules come from, for the log
     connect_timeout: float = 10.0
     io: str = "auto"
     #: A request header begun (or, on a new connection, the first one) must be complete within
@@ -162,6 +184,10 @@ class Proxy:
         self.run_id = f"{int(time.time()):x}{os.getpid() & 0xFFFF:04x}"
         self.metrics = Metrics(config.metrics_client_ids)
         self.rules = RuleSet(config.rules, seed=config.seed)
+        self.metrics.rules_active = len(config.rules)
+        self._ready_at = float("-inf")
+        self._ready_last: tuple[bool, str] = (False, "not started")
+        self._ready_check: asyncio.Future[tuple[bool, str]] | None = None
         self.budget = MemoryBudget(config.max_memory_bytes)
         self.endings = Endings()  # event loop: connection ends, a few per loop turn
         self.recorder = Recorder(
@@ -236,21 +262,113 @@ class Proxy:
                 self._sweep_headers(self.config.header_timeout), name="kwire-header-timeouts"
             )
         if self.config.metrics_port is not None:
-            metrics_host, metrics_port = self.config.metrics_host, self.config.metrics_port
+            await self._serve_admin()
+        self._log_rules("fault rules", self.rules.rules, self.config.rules_origin)
+
+    async def _serve_admin(self) -> None:
+        config = self.config
+        context = None
+        if config.admin_tls_cert is not None and config.admin_tls_key is not None:
+            context = admin_ssl_context(config.admin_tls_cert, config.admin_tls_key, config.admin_client_ca)
+        routes = AdminRoutes(self.metrics, self.ready_state, self.rules_json, self.put_rules)
+        auth = AdminAuth(config.metrics_token, config.admin_open, context)
+        try:
+            self._metrics_server = await serve_admin(
+                routes, config.metrics_host, config.metrics_port or 0, auth
+            )
+        except OSError as exc:
+            raise OSError(
+                f"cannot serve metrics on {config.metrics_host}:{config.metrics_port}: {_os_reason(exc)}"
+            ) from exc
+
+    # ---- fault rules: listed, replaced, reloaded --------------------------------------
+
+    def _log_rules(self, what: str, rules: list[Rule], origin: str | None = None) -> None:
+        """One line naming the rules (and where they came from), then one per rule."""
+        source = f" from {origin}" if origin else ""
+        log.info("%s: %s%s", what, len(rules) or "none", source)
+        for n, rule in enumerate(rules, 1):
+            where = f" ({rule.origin})" if rule.origin else ""
+            log.info("  rule %s: %s%s", n, rule.text, where)
+
+    def replace_rules(self, rules: list[Rule]) -> list[Rule]:
+        """Make ``rules`` the rules in force, for open connections too; RuntimeError if this
+        proxy's connections cannot apply rules (``--io threads``)."""
+        if self.threaded and rules:
+            raise RuntimeError("this proxy forwards on threads (--io threads), which do no fault rules")
+        active = self.rules.replace(rules)
+        self.metrics.rules_active = len(active)
+        return active
+
+    def rules_json(self) -> dict[str, Any]:
+        """The rules in force, JSON-ready (``GET /rules``)."""
+        return {"rules": [rule.describe() for rule in self.rules.rules]}
+
+    def put_rules(self, text: str) -> dict[str, Any]:
+        """``PUT /rules``: replace the rules from YAML/JSON text. ValueError (one line, with the
+        line number) or RuntimeError keeps the rules in force; either is counted."""
+        from proxy.config_file import parse_rules_text
+
+        try:
+            active = self.replace_rules(parse_rules_text(text, "PUT /rules"))
+        except (ValueError, RuntimeError) as exc:
+            self.metrics.bump(self.metrics.rule_reloads, ("admin", "error"))
+            log.warning("PUT /rules refused, the rules in force are kept: %s", exc)
+            raise
+        self.metrics.bump(self.metrics.rule_reloads, ("admin", "ok"))
+        self._log_rules("fault rules replaced", active, "PUT /rules")
+        return self.rules_json()
+
+    def reload_rules(self) -> bool:
+        """SIGHUP: re-read the rules where they came from and put them in force. A file that
+        cannot be used keeps the rules in force (one log line, counted). True if replaced."""
+        reload = self.config.rules_reloader
+        if reload is None:
+            log.warning("SIGHUP: no rules file to re-read (rules come from --inject or nowhere)")
+            return False
+        try:
+            active = self.replace_rules(reload())
+        except (ValueError, OSError, RuntimeError) as exc:
+            self.metrics.bump(self.metrics.rule_reloads, ("signal", "error"))
+            log.error("SIGHUP: the rules in force are kept: %s", exc)
+            return False
+        self.metrics.bump(self.metrics.rule_reloads, ("signal", "ok"))
+        self._log_rules("fault rules reloaded (SIGHUP)", active, self.config.rules_origin)
+        return True
+
+    # ---- readiness --------------------------------------------------------------------
+
+    async def ready_state(self) -> tuple[bool, str]:
+        """(ready, why) for ``/ready``: listening, and a bootstrap broker accepts a TCP
+        connection (checked at most every ``READY_REUSE_SECONDS``; concurrent calls share one)."""
+        if self.stopping:
+            return False, "stopping"
+        if not (self.servers or self.listeners):
+            return False, "not listening"
+        if time.monotonic() - self._ready_at < READY_REUSE_SECONDS:
+            return self._ready_last
+        if self._ready_check is None or self._ready_check.done():
+            self._ready_check = asyncio.ensure_future(self._check_brokers())
+        return await asyncio.shield(self._ready_check)
+
+    async def _check_brokers(self) -> tuple[bool, str]:
+        listening = f"listening on {self.config.listen[0]}:{self.listen_port}"
+        result = (False, f"{listening}, but no broker accepts connections")
+        for host, port in self.config.bootstrap:
             try:
-                self._metrics_server = await serve_metrics(
-                    self.metrics, metrics_host, metrics_port, self.config.metrics_token
+                _reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(host, port),
+                    min(self.config.connect_timeout, READY_CONNECT_SECONDS),
                 )
-            except OSError as exc:
-                raise OSError(
-                    f"cannot serve metrics on {metrics_host}:{metrics_port}: {_os_reason(exc)}"
-                ) from exc
-        log.info(
-            "kwire proxy listening on %s:%s -> %s",
-            host,
-            self.listen_port,
-            ", ".join(f"{h}:{p}" for h, p in self.config.bootstrap),
-        )
+            except OSError as exc:  # TimeoutError too
+                why = "timed out" if isinstance(exc, TimeoutError) else _os_reason(exc)
+                result = (False, f"{listening}, but no broker accepts connections ({host}:{port}: {why})")
+                continue
+            writer.close()
+            result = (True, f"{listening}; broker {host}:{port} accepts connections")
+            break
+        self._ready_last, self._ready_at = result, time.monotonic()
+        return result
 
     async def _listen(self, host: str, port: int) -> None:
         """Open the bootstrap listener (threads or the event loop, as configured)."""
@@ -323,7 +441,13 @@ class Proxy:
         self.metrics.add("node_listeners")
         self._serve_node(node_id, sock)
         log.info(
-            "broker %s (%s:%s) reachable through %s:%s", node_id, *self.nodes[node_id], self.advertise, local
+            "listening on %s:%s for broker %s (%s:%s), advertised as %s:%s",
+            listen_host,
+            local,
+            node_id,
+            *self.nodes[node_id],
+            self.advertise,
+            local,
         )
         return local
 
@@ -499,6 +623,8 @@ class Proxy:
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, done.set)
+        with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):
+            loop.add_signal_handler(signal.SIGHUP, self.reload_rules)
         if ready is not None:
             ready(self)
         await done.wait()

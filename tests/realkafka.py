@@ -326,6 +326,21 @@ class TansuBroker:
 # --------------------------------------------------------------------------- tcpdump
 
 
+def started_tansu(host: str, port: int | None = None) -> TansuBroker:
+    """A Tansu broker started on ``host`` (and ``port``, else a free one); the test is skipped
+    with the reason when it cannot start."""
+    import pytest
+
+    broker = TansuBroker() if port is None else TansuBroker(port=port)
+    broker.host = host
+    try:
+        broker.start()
+    except BrokerStartError as exc:
+        broker.close()
+        pytest.skip(f"Tansu cannot start: {exc}")
+    return broker
+
+
 def _tcpdump_binary() -> str | None:
     """tcpdump's path (it lives in /usr/sbin, which non-root PATHs often lack)."""
     return shutil.which("tcpdump") or shutil.which("tcpdump", path="/usr/sbin:/sbin")

@@ -54,24 +54,17 @@ def _wait_for(check: Any, timeout: float) -> Any:
 
 def test_capture_records_real_traffic_like_decode_and_survives_restart(tmp_path: Path) -> None:
     from realkafka import (
-        BrokerStartError,
-        TansuBroker,
         Tcpdump,
         free_port,
         kafka_python_scenario,
+        started_tansu,
         tcpdump_available,
     )
 
     reason = tcpdump_available()
     if reason:
         pytest.skip(reason)
-    broker = TansuBroker()
-    broker.host = f"{LAB}.2"
-    try:
-        broker.start()
-    except BrokerStartError as exc:
-        broker.close()
-        pytest.skip(f"Tansu cannot start: {exc}")
+    broker = started_tansu(f"{LAB}.2")
     out = tmp_path / "deep" / "sidecar.kwire"
     metrics_host = f"{LAB}.3"
     metrics_port = free_port(metrics_host)
@@ -131,6 +124,9 @@ def test_capture_records_real_traffic_like_decode_and_survives_restart(tmp_path:
             "kwire_proxy_response_errors_total",
         ):
             assert name in page, name
+        # requests counted as the proxy counts them (kwire.sidecar_requests)
+        assert 'kwire_proxy_requests_total{api="Produce",api_key="0"' in page
+        assert 'client_id="kwire-test-kafka-python"' in page
         sidecar.send_signal(signal.SIGTERM)
         assert sidecar.wait(30) == 0
     finally:
@@ -152,3 +148,156 @@ def test_capture_records_real_traffic_like_decode_and_survives_restart(tmp_path:
     missing = [r for r in from_file if _untimed(r) not in recorded]
     assert not missing, missing[:2]
     assert any(r["client_id"] == "kwire-test-kafka-python" for r in rows)
+
+
+# ---- an interface that goes down, comes back, goes away -----------------------------------------
+
+#: Run in the namespace: a kafka-python producer (topic created first), 5 records, acks=1.
+_CLIENT = """
+import sys
+from kafka import KafkaProducer
+from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.errors import TopicAlreadyExistsError
+bootstrap, client_id = sys.argv[1], sys.argv[2]
+admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id=client_id, request_timeout_ms=10000)
+try:
+    admin.create_topics([NewTopic("netns-t", 1, 1)])
+except TopicAlreadyExistsError:
+    pass
+admin.close()
+producer = KafkaProducer(bootstrap_servers=bootstrap, client_id=client_id, acks=1, request_timeout_ms=10000)
+for i in range(5):
+    producer.send("netns-t", b"record %d" % i).get(timeout=20)
+producer.close(timeout=10)
+"""
+#: Run in the namespace: GET a URL; prints the status, then the body.
+_GET = """
+import sys, urllib.error, urllib.request
+try:
+    with urllib.request.urlopen(sys.argv[1], timeout=5) as r:
+        print(r.status); print(r.read().decode())
+except urllib.error.HTTPError as e:
+    print(e.code); print(e.read().decode())
+except OSError as e:
+    print(0); print(e)
+"""
+NETNS_BROKER, NETNS_ADMIN, NETNS_ADMIN_AWAY = 41650, 41651, 41652
+
+
+def _requests_by_client(page: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for line in page.splitlines():
+        if line.startswith("kwire_proxy_requests_total{"):
+            client = line.split('client_id="', 1)[1].split('"', 1)[0]
+            out[client] = out.get(client, 0) + int(float(line.rsplit(" ", 1)[1]))
+    return out
+
+
+def test_capture_counts_requests_and_survives_its_interface_going_down_and_away(tmp_path: Path) -> None:
+    """In a network namespace of its own (traffic on its 127.0.0.1): a broker, ``kwire capture -i lo``
+    with a real client before and after ``lo`` goes down and up (tcpdump keeps running through it;
+    the requests are counted as the proxy counts them: one per row), and a second sidecar on a veth
+    that is deleted and made again (tcpdump exits; the sidecar starts it again, with bounded pauses,
+    once the interface is back: /ready says which)."""
+    import shutil
+
+    from realkafka import BrokerStartError, tansu_binary, tcpdump_available
+
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 for a network namespace")
+    reason = tcpdump_available()
+    if reason:
+        pytest.skip(reason)
+    try:
+        tansu = tansu_binary()
+    except BrokerStartError as exc:
+        pytest.skip(str(exc))
+    ns = f"kwire-sidecar-{os.getpid()}"
+    if subprocess.run(["ip", "netns", "add", ns], capture_output=True, timeout=10).returncode:
+        pytest.skip("cannot make a network namespace here")
+
+    def inside(*command: str, timeout: float = 60) -> str:
+        done = subprocess.run(
+            ["ip", "netns", "exec", ns, *command], capture_output=True, text=True, timeout=timeout
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout
+
+    def get(port: int, path: str) -> tuple[int, str]:
+        status, _, body = inside(sys.executable, "-c", _GET, f"http://127.0.0.1:{port}{path}").partition("\n")
+        return int(status), body
+
+    def start(*command: str, log: str) -> subprocess.Popen[bytes]:
+        with open(tmp_path / log, "wb") as out:
+            proc = subprocess.Popen(
+                ["ip", "netns", "exec", ns, *command],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        started.append(proc)
+        return proc
+
+    def sidecar(interface: str, out: str, port: int, admin: int, log: str) -> subprocess.Popen[bytes]:
+        return start(
+            sys.executable, "-m", "kwire", "capture", "-i", interface, "-o", str(tmp_path / out),
+            "--port", str(port), "--flush-seconds", "1", "--metrics-port", str(admin), log=log,
+        )  # fmt: skip
+
+    def log(name: str) -> str:
+        return (tmp_path / name).read_text(errors="replace")
+
+    started: list[subprocess.Popen[bytes]] = []
+    bootstrap = f"127.0.0.1:{NETNS_BROKER}"
+    try:
+        inside("ip", "link", "set", "lo", "up")
+        inside("ip", "link", "add", "kwv0", "type", "veth", "peer", "name", "kwv1")
+        inside("ip", "link", "set", "kwv0", "up")
+        url = f"tcp://{bootstrap}"
+        start(tansu, "broker", "--listener-url", url, "--advertised-listener-url", url,
+              "--storage-engine", "memory://tansu/", log="tansu.log")  # fmt: skip
+        on_lo = sidecar("lo", "lo.kwire", NETNS_BROKER, NETNS_ADMIN, "lo.log")
+        away = sidecar("kwv0", "away.kwire", 9092, NETNS_ADMIN_AWAY, "away.log")
+        assert _wait_for(lambda: "kwire capture: recording lo" in log("lo.log"), 20), log("lo.log")
+        assert _wait_for(lambda: get(NETNS_ADMIN, "/ready")[0] == 200, 20)
+        assert _wait_for(lambda: get(NETNS_ADMIN_AWAY, "/ready")[0] == 200, 20)
+        time.sleep(1.0)  # tcpdump opening the interface
+
+        inside(sys.executable, "-c", _CLIENT, bootstrap, "kw-before")
+        inside("ip", "link", "set", "lo", "down")
+        time.sleep(1.0)
+        assert on_lo.poll() is None
+        inside("ip", "link", "set", "lo", "up")
+        inside(sys.executable, "-c", _CLIENT, bootstrap, "kw-after")
+
+        def counted() -> Any:
+            rows = _rows(tmp_path / "lo.kwire") if (tmp_path / "lo.kwire" / "exchanges").is_dir() else []
+            by_rows = {c: sum(r["client_id"] == c for r in rows) for c in ("kw-before", "kw-after")}
+            page = get(NETNS_ADMIN, "/metrics")[1]
+            by_metrics = {c: n for c, n in _requests_by_client(page).items() if c in by_rows}
+            return by_rows if by_rows == by_metrics and min(by_rows.values()) >= 10 else None
+
+        counts = _wait_for(counted, 30)
+        assert counts, (counted(), log("lo.log")[-2000:])  # every request counted once, as in the rows
+
+        # the veth goes away: its tcpdump exits, the sidecar keeps trying (pauses up to 5 s)
+        inside("ip", "link", "del", "kwv0")
+        assert _wait_for(lambda: "capture on kwv0 stopped" in log("away.log"), 15), log("away.log")
+        assert _wait_for(lambda: get(NETNS_ADMIN_AWAY, "/ready")[0] == 503, 15)
+        assert away.poll() is None
+        inside("ip", "link", "add", "kwv0", "type", "veth", "peer", "name", "kwv1")
+        inside("ip", "link", "set", "kwv0", "up")
+        status, body = _wait_for(
+            lambda: (lambda r: r if r[0] == 200 else None)(get(NETNS_ADMIN_AWAY, "/ready")), 20
+        )
+        assert status == 200 and "capturing on kwv0" in body
+        for proc in (on_lo, away):
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
+    assert not list((tmp_path / "lo.kwire").rglob("*.tmp"))

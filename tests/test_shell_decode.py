@@ -283,15 +283,9 @@ def _tcpdump_or_skip() -> None:
 @pytest.fixture(scope="module")
 def lab_broker() -> Any:
     """A Tansu broker on the lab loopback address (not 127.0.0.1: other suites use that)."""
-    from realkafka import BrokerStartError, TansuBroker
+    from realkafka import started_tansu
 
-    broker = TansuBroker()
-    broker.host = LAB_HOST
-    try:
-        broker.start()
-    except BrokerStartError as exc:
-        broker.close()
-        pytest.skip(f"Tansu cannot start: {exc}")
+    broker = started_tansu(LAB_HOST)
     try:
         yield broker
     finally:
