@@ -98,6 +98,12 @@ def run(argv: list[str] | None = None) -> int:
 
 def entry() -> None:
     """Console-script entry: exit with ``run``'s code."""
+    if sys.argv[1:2] == ["decode"]:
+        # a process of its own that never meets a pandas object (not done in ``run``, which
+        # tests call inside processes that may use pandas)
+        from kwire.arrowstart import skip_pandas_probe
+
+        skip_pandas_probe()
     sys.exit(run())
 
 
