@@ -35,9 +35,12 @@ For each path (confluent-kafka, 1 KB records, acks=all):
 ``--conns N`` adds a many-connections phase to each round (issue 18 asks for 200): N raw
 connections (``tests/proxy_load.py``), each sending one ApiVersions or Metadata request at a
 time, ``--conn-rate`` a second, for ``--conn-seconds``; it prints p50/p99 per path, the added
-p50/p99 over direct, each kwire path's added latency next to its bare forwarder's (``kwire``
-and ``kwire-uv`` against ``asyncio``, ``kwire-thr`` against ``threads``) and its CPU ms per
-MB next to socat's, all from the same round.
+p50/p99 over direct, each kwire path's added latency next to its bare forwarder's with the
+ratio and whether both are within issue 18's 2x (``kwire`` and ``kwire-uv`` against
+``asyncio``, ``kwire-thr`` against ``threads``), its CPU ms per MB next to socat's, and the
+proxy's CPU per exchange in that phase next to the bare forwarder's (on a busy machine the
+latency follows the CPU share a proxy needs: the steadier figure), all from the same round,
+and each round's load average.
 
 ``--repeat N`` runs N rounds and prints each, then the median of each column: the machine
 is small (2 cores) and shared, and its speed drifts, so one round says little. A round
@@ -239,12 +242,17 @@ def latency(bootstrap: str, topic: str, rate: int, seconds: float) -> dict[str, 
     }
 
 
-def many_connections(bootstrap: str, conns: int, rate: float, seconds: float) -> dict[str, Any]:
+def many_connections(
+    bootstrap: str, conns: int, rate: float, seconds: float, pid: int | None = None
+) -> dict[str, Any]:
     """``conns`` connections, each sending one request at a time, ``rate`` a second (an open
-    loop below saturation); round-trip p50/p99 as ``many_p50_ms``/``many_p99_ms``."""
+    loop below saturation); round-trip p50/p99 as ``many_p50_ms``/``many_p99_ms``, and the
+    proxy's CPU per exchange (``many_cpu_us``: steadier than latency on a busy machine)."""
     command = [sys.executable, str(_LOAD), bootstrap, "--conns", str(conns), "--rate", str(rate)]
     command += ["--seconds", str(seconds)]
+    cpu0 = cpu_seconds(pid)
     done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 120, check=True)
+    cpu = cpu_seconds(pid) - cpu0
     result = json.loads(done.stdout)
     return {
         "many_conns": conns,
@@ -252,6 +260,7 @@ def many_connections(bootstrap: str, conns: int, rate: float, seconds: float) ->
         "many_errors": len(result["errors"]),
         "many_p50_ms": result["p50_ms"],
         "many_p99_ms": result["p99_ms"],
+        "many_cpu_us": 1e6 * cpu / result["answered"] if pid and result["answered"] else 0.0,
     }
 
 
@@ -423,7 +432,7 @@ def run_round(
                 flush=True,
             )
             results[path.mode].update(
-                many_connections(path.bootstrap, args.conns, args.conn_rate, args.conn_seconds)
+                many_connections(path.bootstrap, args.conns, args.conn_rate, args.conn_seconds, path.pid)
             )
     finally:
         for path in paths:
@@ -463,29 +472,43 @@ def many_table(results: dict[str, dict[str, Any]]) -> None:
     direct = results["direct"]
     conns = int(direct["many_conns"])
     print(
-        f"{'path':10} {f'{conns} conns p50':>15} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} {'answered':>9}"
+        f"{'path':10} {f'{conns} conns p50':>15} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} {'answered':>9} "
+        f"{'CPU us/exchange':>16}"
     )
     for mode, r in results.items():
         print(
             f"{mode:10} {r['many_p50_ms']:15.2f} {r['many_p99_ms']:8.2f} "
             f"{r['many_p50_ms'] - direct['many_p50_ms']:8.2f} {r['many_p99_ms'] - direct['many_p99_ms']:8.2f} "
-            f"{r['many_answered']:9.0f}"
+            f"{r['many_answered']:9.0f} {r.get('many_cpu_us', 0.0):16.1f}"
         )
     for mode, bare in _BARE.items():
         if mode not in results or bare not in results:
             continue
         r, b = results[mode], results[bare]
-        line = (
-            f"{mode} vs bare {bare} forwarder at {conns} connections: added p50 "
-            f"{r['many_p50_ms'] - direct['many_p50_ms']:.2f} vs {b['many_p50_ms'] - direct['many_p50_ms']:.2f} ms, "
-            f"added p99 {r['many_p99_ms'] - direct['many_p99_ms']:.2f} vs {b['many_p99_ms'] - direct['many_p99_ms']:.2f} ms"
+        added = {q: r[f"many_{q}_ms"] - direct[f"many_{q}_ms"] for q in ("p50", "p99")}
+        bare_added = {q: b[f"many_{q}_ms"] - direct[f"many_{q}_ms"] for q in ("p50", "p99")}
+        line = f"{mode} vs bare {bare} forwarder at {conns} connections:" + ",".join(
+            f" added {q} {added[q]:.2f} vs {bare_added[q]:.2f} ms ({ratio(added[q], bare_added[q])})"
+            for q in ("p50", "p99")
         )
         if "socat" in results and results["socat"].get("proxy_cpu_ms_per_mb"):
             line += (
                 f"; CPU ms/MB {r['proxy_cpu_ms_per_mb']:.2f} vs socat {results['socat']['proxy_cpu_ms_per_mb']:.2f} "
                 f"({r['proxy_cpu_ms_per_mb'] / results['socat']['proxy_cpu_ms_per_mb']:.1f}x)"
             )
-        print(line)
+        if r.get("many_cpu_us") and b.get("many_cpu_us"):
+            line += (
+                f"; CPU per exchange {r['many_cpu_us']:.0f} vs {b['many_cpu_us']:.0f} us "
+                f"({r['many_cpu_us'] / b['many_cpu_us']:.1f}x)"
+            )
+        within = all(added[q] <= 2 * max(bare_added[q], 0.0) for q in ("p50", "p99"))
+        print(line + ("; within 2x" if within else "; NOT within 2x"))
+
+
+def ratio(added: float, bare: float) -> str:
+    """``added`` over ``bare`` as "1.7x"; "n/a" when the bare path added nothing (it was as fast
+    as direct, or faster: the machine's noise is larger than its cost)."""
+    return f"{added / bare:.1f}x" if bare > 0 else "n/a: bare <= direct"
 
 
 def main() -> int:
@@ -531,7 +554,12 @@ def main() -> int:
     try:
         for i in range(args.repeat):
             order = modes[i % len(modes) :] + modes[: i % len(modes)]
+            load = os.getloadavg()
             by_path = run_round(order, workdir, args, i)
+            print(
+                f"round {i + 1}: load average {load[0]:.2f} at its start, {os.getloadavg()[0]:.2f} at its end "
+                f"({os.cpu_count()} cores)"
+            )
             results = {mode: by_path[mode] for mode in modes}  # printed in the given order
             rounds.append(results)
             if args.repeat > 1:

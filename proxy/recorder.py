@@ -10,7 +10,13 @@ When it decodes: once a read has been forwarded, the forwarding code calls
 ``Recorder.catch_up``. On the event loop that schedules one decoding slice for the end of
 the loop turn, after every connection ready in that turn has had its bytes forwarded (with
 200 connections, decoding after each read kept the connections later in the turn waiting
-for the decoding of all those before them: p50 14-28 ms against 1-8 ms, the same CPU). On
+for the decoding of all those before them: p50 14-28 ms against 1-8 ms, the same CPU). That
+slice is short (``turn_seconds``, 0.5 ms: a read that comes in meanwhile waits for it), and
+when reads are already waiting behind it in the loop's ready queue it steps behind them a few
+times before it decodes: forwarding goes first. Once more than ``_BACKLOG_ITEMS`` are queued
+(decoding has fallen behind) it takes full slices (``slice_seconds``) and steps behind nothing,
+so a loop that is never idle still decodes. pyarrow's first conversion (it imports pandas,
+~1 s of CPU under the GIL) is done when the recorder is made, not at the first roll. On
 threads it decodes the few chunks just queued at once, while they are still in the CPU's
 caches (in an A/B on a 2-core machine that took 17% less proxy CPU per MB than decoding
 2 ms later). More than a few chunks queued, a burst the recorder has fallen behind on, is
@@ -38,8 +44,9 @@ Bounds keep a slow recorder from slowing traffic, and it says when it skips:
 * the rows waiting for the Parquet writer (``max_pending_rows``): rows beyond it are
   dropped and counted, per connection (``connections.dropped_rows``) and in total.
 
-Rows are written by ``kwire.dataset.DatasetWriter`` in a worker thread every
-``flush_seconds`` or ``flush_rows`` rows; each roll closes the files and renames them from
+Rows are handed to ``kwire.dataset.DatasetWriter`` in a worker thread every half second,
+which converts and writes them a row group (``_ROW_GROUP_ROWS``) at a time as they come, and
+rolls every ``flush_seconds`` or ``flush_rows`` rows; each roll closes the files and renames them from
 their temporary names, so a reader, or a proxy killed with SIGKILL, only ever leaves
 complete files behind (at most the last window is lost).
 """
@@ -49,11 +56,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import sys
 import threading
 import time
 from collections import deque
 from pathlib import Path
 from typing import Any
+
+import pyarrow as pa
 
 from decoder.connection import KafkaConnection
 from kwire.dataset import DatasetWriter
@@ -67,6 +77,25 @@ _OPEN, _DATA, _GAP, _INJECTED, _CLOSE = range(5)
 
 #: Queued items ``catch_up`` decodes at once; more than that is a backlog for the task.
 _CATCH_UP_ITEMS = 8
+#: How many times in a row a decoding turn on the loop steps behind reads waiting to be forwarded.
+_TURN_DEFERS = 4
+#: Queued items beyond which decoding has fallen behind: the loop then decodes in full slices
+#: (``slice_seconds``) and does not step behind reads. Short, deferred turns kept up with 200
+#: connections x 10 requests/s, but under 175 pipelining connections and 8 producers they left
+#: decoding so little time that it made a fifth of the rows and skipped most of the bytes.
+_BACKLOG_ITEMS = 64
+#: Rows the writer thread converts to Arrow at once: one conversion holds the GIL throughout,
+#: so this bounds how long the loop can wait for it. Measured on 20,000 rows of a real capture
+#: (switch interval 0.5 ms): 128 at a time cost 8-10 us of CPU a row and another thread waited
+#: p99 5.5-6.2 ms to wake; 64: 11 us, p99 3.2-3.5 ms; 32: 14-18 us, p99 3.1-3.7 ms.
+_CONVERT_ROWS = 64
+#: How often rows made are handed to the writer thread (which writes a row group once it has
+#: ``_ROW_GROUP_ROWS``), between rolls.
+_HANDOFF_SECONDS = 0.5
+_ROW_GROUP_ROWS = 4096
+#: The GIL switch interval while the proxy runs (Python's default is 5 ms): the longest a
+#: thread running Python (the writer, between conversions) keeps the loop waiting for the GIL.
+_SWITCH_INTERVAL = 0.0005
 
 
 #: Statuses that claim something about the wire (no answer, a cut or bad frame, an answer to
@@ -127,6 +156,7 @@ class Recorder:
         max_queue_bytes: int = 64 << 20,
         max_pending_rows: int | None = None,
         slice_seconds: float = 0.002,
+        turn_seconds: float = 0.0005,
         budget: MemoryBudget | None = None,
         max_lag_seconds: float | None = None,
     ) -> None:
@@ -145,8 +175,21 @@ class Recorder:
         self.max_queue_bytes = max_queue_bytes
         self.max_pending_rows = max_pending_rows or max(10 * flush_rows, 200_000)
         self.slice_seconds = slice_seconds
-        # rows converted 128 at a time: the writer thread never holds the GIL for long
-        self.writer = DatasetWriter(out_dir, convert_rows=128) if out_dir is not None else None
+        #: A decoding slice on the loop, after a turn's reads: a read that comes in meanwhile
+        #: waits for it, so it is kept short (the recorder task's slices are ``slice_seconds``).
+        self.turn_seconds = turn_seconds
+        self._deferred = 0
+        self._switch_interval: float | None = None
+        # rows converted a few at a time: the writer thread never holds the GIL for long
+        self.writer = (
+            DatasetWriter(out_dir, convert_rows=_CONVERT_ROWS, row_group_rows=_ROW_GROUP_ROWS)
+            if out_dir is not None
+            else None
+        )
+        if self.writer is not None:
+            # pyarrow imports pandas on its first conversion (~1 s holding the GIL): here, before
+            # any traffic, not in the writer thread at the first roll, where it stalled the loop
+            pa.array([], type=pa.int8())
         self._queue: deque[tuple[Any, ...]] = deque()
         self._queued_bytes = 0
         self._conns: dict[int, _Conn] = {}
@@ -156,6 +199,8 @@ class Recorder:
         self._writing_rows = 0
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kwire-writer")
         self._last_flush = time.monotonic()
+        self._last_handoff = self._last_flush
+        self._unrolled = 0  # rows handed to the writer thread since the last roll
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._wake = asyncio.Event()
@@ -212,6 +257,8 @@ class Recorder:
             if queue and not self._turn_due and not self._stopping:
                 self._turn_due = True
                 self._loop.call_soon(self._decode_turn)
+                if self._switch_interval is None:
+                    self._shorten_switch_interval()
             return
         while queue and not self._stopping:
             if len(queue) > _CATCH_UP_ITEMS:
@@ -236,13 +283,38 @@ class Recorder:
             finally:
                 lock.release()
 
+    def _shorten_switch_interval(self) -> None:
+        """Connections are forwarded on the loop: the writer thread, the only other thread
+        running Python, may keep the loop waiting for the GIL at most ``_SWITCH_INTERVAL``.
+
+        Not for forwarding threads (``proxy.threaded``): with thousands of them waking at
+        once, more switching made another client's wait longer (8-13 s against 5 s)."""
+        self._switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._switch_interval, _SWITCH_INTERVAL))
+
     def _decode_turn(self) -> None:
-        """The event loop's decoding after a turn's reads: a slice; the rest on later turns."""
+        """The event loop's decoding after a turn's reads: a short slice; the rest on later turns.
+
+        Forwarding goes first: when reads that came in since this turn was scheduled wait
+        behind it in the loop's ready queue, decoding steps behind them (at most
+        ``_TURN_DEFERS`` times in a row, so a loop that is never idle still decodes).
+        """
         self._turn_due = False
-        if self._stopping or not self._decode_lock.acquire(blocking=False):
+        if self._stopping:
+            return
+        loop = self._loop
+        backlog = len(self._queue) > _BACKLOG_ITEMS
+        ready = getattr(loop, "_ready", None)  # asyncio's loops; uvloop has none
+        if ready and not backlog and self._deferred < _TURN_DEFERS:
+            self._deferred += 1
+            self._turn_due = True
+            loop.call_soon(self._decode_turn)  # type: ignore[union-attr]
+            return
+        self._deferred = 0
+        if not self._decode_lock.acquire(blocking=False):
             return
         try:
-            self._process(self.slice_seconds)
+            self._process(self.slice_seconds if backlog else self.turn_seconds)
             if len(self._rows) >= self.flush_rows:
                 self._maybe_flush()
         finally:
@@ -295,7 +367,9 @@ class Recorder:
             # let a burst of forwarding work go first, then take a slice
             await asyncio.sleep(0.002)
             with self._decode_lock:
-                self._process(self.slice_seconds)
+                # on the loop: as short as a turn's slice, unless decoding has fallen behind
+                backlog = len(self._queue) > _BACKLOG_ITEMS
+                self._process(self.slice_seconds if backlog else self.turn_seconds)
                 self._maybe_flush()
         self.metrics.recorder_queue_bytes = self._queued_bytes
 
@@ -345,7 +419,8 @@ class Recorder:
                     self._finish(conn, ts_ns, reason, stats)
                     self.budget.give(conn.held[0] + conn.held[1])
             count += 1
-            if deadline is not None and count % 16 == 0 and time.monotonic() > deadline:
+            # checked often: a slice on the loop is short, and a chunk can take 100 us to decode
+            if deadline is not None and count % 2 == 0 and time.monotonic() > deadline:
                 break
         with self._queue_lock:
             self._queued_bytes -= consumed
@@ -469,31 +544,49 @@ class Recorder:
     # ---- writing ------------------------------------------------------------------------
 
     def _maybe_flush(self, force: bool = False) -> None:
+        """Hand the rows made so far to the writer thread every ``_HANDOFF_SECONDS``, and roll
+        (files closed and published) every ``flush_seconds`` or ``flush_rows`` rows.
+
+        The writer converts and writes a row group per ``_ROW_GROUP_ROWS`` rows as they come:
+        converting a whole window's rows at the roll (25 us of CPU a row, most of it holding
+        the GIL) was a burst of half a second every 10 s at 2,000 exchanges/s, and the
+        forwarding loop's p99."""
         if self.writer is None or (self._writing is not None and not self._writing.done()):
             return
         if self._writing is not None:
             self._collect()
-        due = time.monotonic() - self._last_flush >= self.flush_seconds
-        if not (force or due or len(self._rows) >= self.flush_rows):
+        now = time.monotonic()
+        roll = force or now - self._last_flush >= self.flush_seconds or len(self._rows) >= self.flush_rows
+        if not roll and now - self._last_handoff < _HANDOFF_SECONDS:
             return
-        self._last_flush = time.monotonic()
-        if not self._rows and not self._conn_rows:
+        self._last_handoff = now
+        if roll:
+            self._last_flush = now
+        if not self._rows and not self._conn_rows and not (roll and self._unrolled):
             return
         rows, conn_rows = self._rows, self._conn_rows
         self._rows, self._conn_rows = [], []
         self._writing_rows = len(rows)
-        self._writing = self._executor.submit(self._write, rows, conn_rows)
+        self._unrolled += len(rows)
+        rolled = None
+        if roll:
+            rolled, self._unrolled = self._unrolled, 0
+        self._writing = self._executor.submit(self._write, rows, conn_rows, rolled)
 
-    def _write(self, rows: list[dict[str, Any]], conn_rows: list[dict[str, Any]]) -> None:
+    def _write(self, rows: list[dict[str, Any]], conn_rows: list[dict[str, Any]], rolled: int | None) -> None:
+        """Writer thread: append rows; with ``rolled`` (the rows handed over since the last
+        roll, these included) close and publish the files."""
         writer = self.writer
         assert writer is not None
         for row in rows:
             writer.exchanges.append(row)
         for row in conn_rows:
             writer.connections.append(row)
+        if rolled is None:
+            return
         writer.roll()
         # counted here, in the writer thread, so the metrics show a roll as soon as it is done
-        self.metrics.add("rows_written", len(rows))
+        self.metrics.add("rows_written", rolled)
         self.metrics.add("files_rolled")
 
     def _collect(self) -> None:
@@ -517,11 +610,14 @@ class Recorder:
         if self._writing is not None:
             await asyncio.wrap_future(self._writing)
             self._collect()
-        if self.writer is not None and (self._rows or self._conn_rows):
+        if self.writer is not None and (self._rows or self._conn_rows or self._unrolled):
             rows, conn_rows = self._rows, self._conn_rows
             self._rows, self._conn_rows = [], []
-            await asyncio.wrap_future(self._executor.submit(self._write, rows, conn_rows))
+            rolled, self._unrolled = self._unrolled + len(rows), 0
+            await asyncio.wrap_future(self._executor.submit(self._write, rows, conn_rows, rolled))
         self._executor.shutdown(wait=True)
+        if self._switch_interval is not None:
+            sys.setswitchinterval(self._switch_interval)
 
     @property
     def queued_items(self) -> int:

@@ -13,6 +13,12 @@ whose decoding and rows cost the same either way, threads saved 3-10% (``bench/
 proxy_overhead.py``; the README's Overhead section has the figures). TLS and fault rules stay on the event loop (``proxy.session.ClientProtocol``):
 TLS needs its buffering, and rules answer or delay requests from timers.
 
+Why not (measured 2026-11-25 on the shared 2-core machine): with 200 connections at 10
+requests/s each this path cost 417-435 us of CPU per exchange against 195-207 on the loop,
+and when 2,000 idle connections closed at once another client's round trip took 4.8-6.2 s
+(8-33 ms on the loop): 4,000 threads wake at once and the one forwarding that client waits
+its turn for the GIL behind them. Thread-per-connection cannot bound that under the GIL.
+
 Ending: a reset or a failed write on either side, or the broker's end of stream, ends the
 session once (``Session.client_gone``/``upstream_gone``), which shuts both sockets down; that
 wakes the other thread's blocked read. The client's end of stream is passed on as a half

@@ -7,6 +7,8 @@ against a ``KafkaConnection`` fed the same bytes directly (the decoder the recor
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -174,3 +176,74 @@ def test_who_ended_a_connection_is_recorded_when_the_proxy_says(tmp_path: Path) 
     assert got[f"c-{first}"]["ended_by"] == "broker_rst"
     assert got[f"c-{first}"]["end_time"].timestamp() == pytest.approx((END_NS - 5_000) / 1e9)
     assert (got[f"c-{second}"]["ended_by"], got[f"c-{second}"]["end_time"]) == (None, None)
+
+
+# ---- on the event loop: forwarding first --------------------------------------------------
+
+
+def _on_loop(connections: list[tuple[int, ConnectionInfo, Chunks]]) -> tuple[list[int], int, int]:
+    """Queue ``connections``' chunks on a running loop as reads would, ask for a catch-up, and
+    note how many items are still queued when a callback made ready just after them runs (a read
+    of the next loop turn) and once the recorder is idle. Also: how many were queued, rows made."""
+    seen: list[int] = []
+
+    async def run() -> tuple[int, int]:
+        recorder = Recorder(None, Metrics())
+        recorder.start()
+        loop = asyncio.get_running_loop()
+        for key, info, chunks in connections:
+            recorder.open(key, info, time.time_ns())
+            for direction, frame in chunks:
+                recorder.data(key, direction, frame, time.time_ns())
+        queued = recorder.queued_items
+        recorder.catch_up()  # on the loop: a decoding turn is scheduled, nothing decoded now
+        seen.append(recorder.queued_items)
+        loop.call_soon(lambda: seen.append(recorder.queued_items))
+        deadline = time.monotonic() + 10
+        while recorder.queued_items and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
+        seen.append(recorder.queued_items)
+        await recorder.stop()
+        return queued, recorder.rows_total
+
+    queued, rows = asyncio.run(run())
+    return seen, queued, rows
+
+
+def test_on_the_loop_decoding_steps_behind_the_reads_of_the_next_turn() -> None:
+    """A few chunks queued: the next turn's reads are forwarded before any of them is decoded."""
+    small = [c for c in CONNECTIONS if len(c[2]) >= 8][:2]
+    seen, queued, rows = _on_loop(small)
+    assert queued <= recorder_module._BACKLOG_ITEMS
+    assert seen[:2] == [queued, queued]  # the callback ran first; nothing was decoded before it
+    assert seen[2] == 0 and rows > 0  # then it was all decoded, without the recorder task's help
+
+
+def test_on_the_loop_a_backlog_is_decoded_before_more_reads() -> None:
+    """Decoding behind (more than ``_BACKLOG_ITEMS`` queued): it takes its slice first, so a
+    loop that is never idle cannot starve it."""
+    seen, queued, rows = _on_loop(CONNECTIONS)
+    assert queued > recorder_module._BACKLOG_ITEMS
+    assert seen[0] == queued and seen[1] < queued  # a slice was decoded before the callback ran
+    assert seen[2] == 0 and rows > 0
+
+
+def test_rows_handed_to_the_writer_between_rolls_are_published_and_counted_at_the_roll(
+    tmp_path: Path,
+) -> None:
+    """Rows go to the writer thread every ``_HANDOFF_SECONDS`` (converted as they come, not all
+    at the roll), but become visible, and counted as written, only when the files roll."""
+    metrics = Metrics()
+    recorder = Recorder(tmp_path, metrics, flush_seconds=3600)
+    _feed(recorder, catch_up=True)
+    made = recorder.rows_recorded
+    recorder._last_handoff -= recorder_module._HANDOFF_SECONDS
+    recorder._maybe_flush()  # a handoff, no roll
+    assert recorder._writing is not None
+    recorder._writing.result()
+    assert not recorder._rows and recorder._unrolled == made > 0
+    assert metrics.rows_written == 0 and metrics.files_rolled == 0
+    assert not list(tmp_path.rglob("*.parquet"))  # nothing published yet
+    _close_and_write(recorder)  # the roll: the rows handed over before it and those since
+    assert metrics.rows_written == recorder.rows_recorded == EXPECTED_ROWS and metrics.files_rolled == 1
+    assert ds.dataset(tmp_path / "exchanges", partitioning="hive").count_rows() == EXPECTED_ROWS
