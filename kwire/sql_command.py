@@ -35,6 +35,8 @@ from typing import Annotated, Any
 
 import typer
 
+from spark_jobs.class_archive import pid_alive
+
 __all__ = [
     "SERVER_FILE",
     "ServerInfo",
@@ -175,16 +177,6 @@ def _read_server_file(dataset: Path) -> ServerInfo | None:
         return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _accepts(host: str, port: int, timeout: float = 1.0) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout):
@@ -198,7 +190,7 @@ def find_server(dataset: Path) -> ServerInfo | None:
     info = _read_server_file(dataset)
     if info is None or Path(info.dataset) != dataset.resolve():
         return None
-    if not _alive(info.pid) or not _accepts(info.host, info.port):
+    if not pid_alive(info.pid) or not _accepts(info.host, info.port):
         return None
     return info
 

@@ -26,6 +26,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # spark-submit runs this file as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 __all__ = ["decode_file_task", "expand_inputs", "run_decode"]
 
 CAPTURE_SUFFIXES = (".pcap", ".pcapng", ".cap", ".gz")
@@ -40,7 +43,8 @@ def _filesystem(uri: str) -> tuple[Any, str]:
 
 
 def expand_inputs(inputs: list[str]) -> list[str]:
-    """Files named, files in folders named, and local globs, sorted and deduplicated."""
+    """Files named, files in folders named, and local globs, sorted and deduplicated. Local paths
+    come back absolute: executors run in their own working folders (a standalone worker's)."""
     from pyarrow import fs
 
     out: list[str] = []
@@ -55,7 +59,7 @@ def expand_inputs(inputs: list[str]) -> list[str]:
                     if entry.type == fs.FileType.File and entry.path.endswith(CAPTURE_SUFFIXES):
                         out.append(scheme + entry.path if scheme else entry.path)
             elif info.type == fs.FileType.File:
-                out.append(candidate)
+                out.append(candidate if "://" in candidate else path)
             else:
                 raise FileNotFoundError(f"no such capture file or folder: {candidate}")
     return sorted(set(out))
@@ -113,6 +117,8 @@ def run_decode(spark: Any, inputs: list[str], out_uri: str) -> list[dict[str, An
     names = [f.rstrip("/").rsplit("/", 1)[-1] for f in files]
     if len(set(names)) != len(names):
         raise ValueError("capture file names must be unique: the source column holds the file name")
+    if "://" not in out_uri:  # resolved here, not in an executor's working folder
+        out_uri = os.path.abspath(out_uri)
     rdd = spark.sparkContext.parallelize(files, numSlices=len(files))
     return rdd.map(lambda uri: decode_file_task(uri, out_uri)).collect()
 

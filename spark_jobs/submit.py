@@ -3,10 +3,12 @@
     python -m spark_jobs.submit DATASET OUT [--jobs a,b] [--master URL]
         [--kafka-versions PATH] [--broker-version 4.0 ...]
     python -m spark_jobs.producer_acks DATASET OUT          # one job
-    spark-submit --py-files kwire.zip spark_jobs/submit.py hdfs:///kwire/ds hdfs:///kwire/out
+    PYSPARK_PYTHON=.venv/bin/python spark-submit --master spark://host:7077 \
+        spark_jobs/submit.py hdfs:///kwire/ds hdfs:///kwire/out           # from a kwire checkout
 
-Results land in ``OUT/<result>/`` (the job's name for its main result). Needs only pyspark and
-pyarrow on the driver; the jobs use no Python UDFs, so executors need no Python packages.
+Results land in ``OUT/<result>/`` (the job's name for its main result). The driver runs from a
+kwire checkout or install (it reads kwire's data files); the jobs use no Python UDFs, so
+executors need no Python packages.
 """
 
 from __future__ import annotations
