@@ -151,6 +151,9 @@ def synthesize(root: Path, n: int, seed: int = 7) -> dict[str, int]:
             pa.array(p_part),
             pa.nulls(total, pa.string()),
             pa.array(p_err),
+            # an acked Produce partition has the base offset the broker gave it
+            pa.array(np.arange(total, dtype=np.int64), mask=(api_key[row_of] != 0) | (p_err != 0)),
+            pa.nulls(total, pa.int64()),
         ],
         fields=list(EXCHANGES_SCHEMA.field("partition_errors").type.value_type),
     )
