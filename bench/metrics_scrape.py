@@ -11,7 +11,7 @@ ApiVersions requests each with its own client id (pipelined over 4 connections),
    that stalls every connection for a second delays one request per connection per scrape:
    the max, the count over 100 ms and the number of round trips show it before p99 does.)
 
-Usage: ``python bench/metrics_scrape.py [--root DIR] [--io threads|asyncio] [--ids 200000]``.
+Usage: ``python bench/metrics_scrape.py [--root DIR] [--io auto] [--ids 200000]``.
 For the tree before this change: ``git archive HEAD proxy decoder kwire spark_jobs | tar -x -C
 /some/dir`` and ``--root /some/dir``. Proxies listen on 127.0.6.1.
 """
@@ -101,7 +101,7 @@ def load(port: int, seconds: float, connections: int, scrape_port: int | None) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=Path, default=ROOT, help="source tree the proxy runs from")
-    parser.add_argument("--io", default="threads", choices=["threads", "asyncio"])
+    parser.add_argument("--io", default="auto", help="passed to kwire proxy --io")
     parser.add_argument("--ids", type=int, default=200_000)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=2)

@@ -4,10 +4,8 @@ One run, Tansu brokers (memory storage, a fresh one for each path in each round)
 paths to them:
 
 * ``direct``: clients talk to the broker;
-* ``kwire``: ``kwire proxy`` with recording on (``-o`` a temporary dataset, 10 s flushes),
-  as it runs by default: every connection on the event loop;
-* ``kwire-thr``: the same with ``--io threads``: plain connections forwarded on two blocking
-  threads each;
+* ``kwire``: ``kwire proxy`` with recording on (``-o`` a temporary dataset, 10 s flushes):
+  every connection on the event loop, its only I/O model;
 * ``kwire-uv``: ``kwire`` on uvloop's event loop instead of asyncio's (skipped when uvloop
   is not installed);
 * ``tansu``: Tansu's own Kafka proxy (``<tansu> proxy``), from the same binary;
@@ -17,9 +15,7 @@ paths to them:
   TCP hop through a user-space process costs on this machine, the floor for any proxy;
 * ``asyncio``: ``bench/asyncio_forwarder.py``, a bare asyncio byte forwarder (1 MB reads,
   backpressure, nothing else) in front of a broker that advertises its port: the floor for
-  a Python asyncio proxy, so kwire's own cost is what it adds over this path;
-* ``threads``: ``bench/threaded_forwarder.py``, the same bare forwarding with blocking
-  sockets and one thread per direction instead of an event loop.
+  a Python asyncio proxy, so kwire's own cost is what it adds over this path.
 
 For each path (confluent-kafka, 1 KB records, acks=all):
 
@@ -37,7 +33,7 @@ connections (``tests/proxy_load.py``), each sending one ApiVersions or Metadata 
 time, ``--conn-rate`` a second, for ``--conn-seconds``; it prints p50/p99 per path, the added
 p50/p99 over direct, each kwire path's added latency next to its bare forwarder's with the
 ratio and whether both are within issue 18's 2x (``kwire`` and ``kwire-uv`` against
-``asyncio``, ``kwire-thr`` against ``threads``), its CPU ms per MB next to socat's, and the
+``asyncio``), its CPU ms per MB next to socat's, and the
 proxy's CPU per exchange in that phase next to the bare forwarder's (on a busy machine the
 latency follows the CPU share a proxy needs: the steadier figure), all from the same round,
 and each round's load average.
@@ -49,11 +45,11 @@ throughput phases back to back, then the latency phases, so the paths it compare
 within seconds of each other. The order rotates from round to round (round 1 starts with
 ``direct``, round 2 with the next path, ...): the first phase after a quiet spell runs
 slower here, and a fixed order would hand that to one path every time. ``--modes`` picks
-paths (``direct`` always runs, as the reference); the default 8 rounds start each of the 8
+paths (``direct`` always runs, as the reference); the default 6 rounds start each of the 6
 paths once.
 
 Usage: ``python bench/proxy_overhead.py [--records 300000] [--rate 300] [--seconds 5] [--repeat 8]
-[--modes direct,kwire,kwire-thr,kwire-uv,tansu,socat,asyncio,threads] [--conns 200 --conn-rate 10
+[--modes direct,kwire,kwire-uv,tansu,socat,asyncio] [--conns 200 --conn-rate 10
 --conn-seconds 10] [--host 127.0.0.1]``.
 """
 
@@ -264,11 +260,11 @@ def many_connections(
     }
 
 
-MODES = ("direct", "kwire", "kwire-thr", "kwire-uv", "tansu", "socat", "asyncio", "threads")
+MODES = ("direct", "kwire", "kwire-uv", "tansu", "socat", "asyncio")
 #: The ``kwire proxy`` paths, and the options that make them differ.
-_KWIRE = {"kwire": [], "kwire-thr": ["--io", "threads"], "kwire-uv": ["--io", "asyncio"]}
+_KWIRE = {"kwire": [], "kwire-uv": []}
 #: The bare forwarder each kwire path is held against in the many-connections phase.
-_BARE = {"kwire": "asyncio", "kwire-uv": "asyncio", "kwire-thr": "threads"}
+_BARE = {"kwire": "asyncio", "kwire-uv": "asyncio"}
 #: The many-connections load (its own process: raw sockets, one request at a time per connection).
 _LOAD = ROOT / "tests" / "proxy_load.py"
 #: ``kwire`` with uvloop's event loop in place of asyncio's (not a kwire option: measured, it
@@ -279,7 +275,7 @@ _UVLOOP_LAUNCHER = [
     "import asyncio, uvloop; asyncio.set_event_loop_policy(uvloop.EventLoopPolicy()); " + KWIRE_MAIN,
 ]
 #: The bare Python forwarders (bench/), by path.
-_FORWARDERS = {"asyncio": "asyncio_forwarder.py", "threads": "threaded_forwarder.py"}
+_FORWARDERS = {"asyncio": "asyncio_forwarder.py"}
 
 
 class BenchPath:

@@ -172,9 +172,8 @@ def proxy(
     io: Annotated[
         str,
         typer.Option(
-            help="how connections are forwarded: asyncio (the event loop; holds up under many "
-            "connections), threads (two per connection, plain TCP without rules: a little less CPU "
-            "with a few busy connections), auto (asyncio)"
+            help="how connections are forwarded: auto or asyncio, both the event loop, the only I/O "
+            "model (threads was removed: it stalled other clients when many connections closed)"
         ),
     ] = "auto",
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error")] = "info",
@@ -182,7 +181,7 @@ def proxy(
     """Forward Kafka clients to brokers, record every exchange, optionally inject faults."""
     from proxy.config_file import ConfigError, FileConfig, load_config
     from proxy.inject import RuleError, load_rules, parse_rule
-    from proxy.server import Proxy, ProxyConfig, parse_address
+    from proxy.server import Proxy, ProxyConfig, check_io, parse_address
 
     given = dict(ctx.params)
     file: FileConfig | None = None
@@ -199,6 +198,10 @@ def proxy(
         stream=sys.stderr,
         format="%(asctime)s kwire proxy %(levelname)s %(message)s",
     )
+    try:
+        check_io(str(o.io))  # before anything else: a removed --io is the first thing to say
+    except ValueError as exc:
+        _fail(str(exc))
     if not o.bootstrap:
         _fail("give the brokers: --bootstrap HOST:PORT, or bootstrap: in --config")
     try:
@@ -287,7 +290,7 @@ def proxy(
         io=o.io,
     )
     try:
-        config.threaded()
+        config.check()
     except ValueError as exc:
         _fail(str(exc))
 

@@ -10,7 +10,7 @@ counted (``kwire_proxy_over_budget_frames_total``). So no input can push what is
 the budget; RSS stays below it plus the fixed overhead of the process and of the reads in
 flight (up to 1 MB per connection reading).
 
-Thread-safe: the threaded path takes and gives from many threads.
+Thread-safe (a short lock), so callers off the event loop (embedders, tests) stay correct.
 """
 
 from __future__ import annotations

@@ -33,10 +33,24 @@ import yaml
 
 from proxy.inject import Rule, RuleError, parse_duration, parse_rule
 
-__all__ = ["ConfigError", "FileConfig", "load_config", "parse_rules_text", "read_rules_file"]
+__all__ = [
+    "IO_MODES",
+    "REMOVED_IO",
+    "ConfigError",
+    "FileConfig",
+    "load_config",
+    "parse_rules_text",
+    "read_rules_file",
+]
 
-#: How the I/O path and the log level may be spelled (as the command line's options).
-_IO_MODES = ("auto", "threads", "asyncio")
+#: ``--io`` (``io:``) values: both mean the event loop, the only I/O model; ``auto`` is kept
+#: so that existing configs and scripts keep working.
+IO_MODES = ("auto", "asyncio")
+#: ``--io`` values that were removed -> the one-line error that says why.
+REMOVED_IO = {
+    "threads": "--io threads was removed: a thread per connection stalled other clients for "
+    "seconds when many connections closed at once; use auto or asyncio (the event loop)"
+}
 _LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -139,6 +153,13 @@ def _choice(*allowed: str) -> Callable[[Any], str]:
     return check
 
 
+def _io(value: Any) -> str:
+    text = str(value).strip().lower() if isinstance(value, str) else None
+    if text in REMOVED_IO:
+        raise _Bad(REMOVED_IO[text])
+    return _choice(*IO_MODES)(value)
+
+
 def _path(value: Any) -> Path:
     return Path(_string(value)).expanduser()
 
@@ -159,7 +180,7 @@ _SCHEMA: dict[str, Any] = {
     "bootstrap": ("bootstrap", _addresses),
     "advertise": ("advertise", _string),
     "broker_port_base": ("broker_port_base", _whole(0, 65535)),
-    "io": ("io", _choice(*_IO_MODES)),
+    "io": ("io", _io),
     "header_timeout": ("header_timeout_s", _seconds()),
     "max_memory_mb": ("max_memory_mb", _whole(0)),
     "seed": ("seed", _whole()),

@@ -1,8 +1,9 @@
 """The proxy's counters, and a small HTTP endpoint that serves them as Prometheus text.
 
-**Updates.** Connections forwarded on threads (``proxy.threaded``) and the event loop update the
-same counters, so every update goes through ``add``, ``bump``, ``count_request`` or
-``observe_response``, which hold ``Metrics.lock`` for the few instructions they take.
+**Updates.** The event loop, which forwards every connection, and the recorder's writer
+thread (file rolls) update the same counters, so every update goes through
+``add``, ``bump``, ``count_request`` or ``observe_response``, which hold ``Metrics.lock`` for
+the few instructions they take.
 
 **Scrapes never hold the forwarding path.** A scrape copies the numbers under the lock
 (``snapshot``: plain dict copies, about 15 us for a page of 50 client ids and 0.4-0.6 ms

@@ -16,17 +16,13 @@ when reads are already waiting behind it in the loop's ready queue it steps behi
 times before it decodes: forwarding goes first. Once more than ``_BACKLOG_ITEMS`` are queued
 (decoding has fallen behind) it takes full slices (``slice_seconds``) and steps behind nothing,
 so a loop that is never idle still decodes. pyarrow's first conversion (it imports pandas,
-~1 s of CPU under the GIL) is done when the recorder is made, not at the first roll. On
-threads it decodes the few chunks just queued at once, while they are still in the CPU's
-caches (in an A/B on a 2-core machine that took 17% less proxy CPU per MB than decoding
-2 ms later). More than a few chunks queued, a burst the recorder has fallen behind on, is
-left to the recorder task, which works through it in slices of a few milliseconds.
+~1 s of CPU under the GIL) is done when the recorder is made, not at the first roll. A
+recorder not started on a loop (tests, embedding) decodes the few chunks just queued at once;
+more than a few, a burst it has fallen behind on, is left to the recorder task, which works
+through it in slices of a few milliseconds.
 
-Connections forwarded on threads (``proxy.threaded``) call ``data`` and ``catch_up`` from
-their own threads: appending to the queue is one atomic deque operation, the byte count of
-the queue is kept under a short lock, and decoding is done by whoever holds the decode lock
-(``catch_up`` never waits for it: if another thread is decoding, that thread, or the task,
-takes the new chunks too).
+Only the event loop calls ``data`` and ``catch_up`` (connections are forwarded on it alone,
+``proxy.server``); the locks kept below guard against the writer thread and embedders.
 
 Bounds keep a slow recorder from slowing traffic, and it says when it skips:
 
@@ -243,10 +239,8 @@ class Recorder:
     def catch_up(self) -> None:
         """Decode what was just queued, if it is little; else leave it to the recorder task.
 
-        Called by the forwarding code after it has written what one read brought in. Threads
-        may call it at once: one decodes, the others return at once. The one decoding looks
-        at the queue again once it has let go of the lock, so what another thread queued
-        meanwhile is taken then, without waking the task.
+        Called by the forwarding code after it has written what one read brought in. Off
+        the loop (a recorder not started on one) it decodes a few items inline.
         """
         queue = self._queue
         lock = self._decode_lock
@@ -263,16 +257,6 @@ class Recorder:
         while queue and not self._stopping:
             if len(queue) > _CATCH_UP_ITEMS:
                 self._poke()  # a backlog: the task takes it in slices
-                on_loop = self._loop is None or threading.get_ident() == self._loop_thread
-                if on_loop or not lock.acquire(blocking=False):
-                    return
-                # A forwarding thread (threads path) takes a slice too: with hundreds of threads
-                # wanting the GIL the task alone fell behind; this way decoding gets its share.
-                try:
-                    self._process(self.slice_seconds)
-                    self._maybe_flush()
-                finally:
-                    lock.release()
                 return
             if not lock.acquire(blocking=False):
                 return  # another thread is decoding, and looks again when done
@@ -284,11 +268,8 @@ class Recorder:
                 lock.release()
 
     def _shorten_switch_interval(self) -> None:
-        """Connections are forwarded on the loop: the writer thread, the only other thread
-        running Python, may keep the loop waiting for the GIL at most ``_SWITCH_INTERVAL``.
-
-        Not for forwarding threads (``proxy.threaded``): with thousands of them waking at
-        once, more switching made another client's wait longer (8-13 s against 5 s)."""
+        """The writer thread, the only other thread running Python, may keep the loop waiting
+        for the GIL at most ``_SWITCH_INTERVAL``."""
         self._switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(min(self._switch_interval, _SWITCH_INTERVAL))
 
@@ -602,7 +583,7 @@ class Recorder:
         self._wake.set()
         if self._task is not None:
             await self._task
-        with self._decode_lock:  # a forwarding thread may still be finishing a catch_up
+        with self._decode_lock:
             self._process(None)
             now = time.time_ns()
             for key in list(self._conns):

@@ -14,12 +14,12 @@ on a direct connection, rather than being accepted and cut off at once (kafka-py
 then reconnected about 240 times a second); a probe reopens it as soon as the broker accepts
 connections again (``REFUSED_PROBE_SECONDS``).
 
-Connections are forwarded on the event loop by default. ``ProxyConfig.io = "threads"`` runs
-plain connections (no TLS, no fault rules) on blocking threads instead, two per connection
-(``proxy.threaded``): 3-10% less CPU per MB with a few busy connections, but with hundreds
-the threads fight over the GIL (175 pipelining connections: p50 97 ms against 66 ms on the
-loop; 2,000 idle connections closing at once stalled another client 3.6 s against 0.05 s),
-so the loop, which holds up under many connections, is the default (``auto``).
+Every connection is forwarded on the event loop: there is one I/O model. A thread-per-
+connection path (``--io threads``) used 3-10% less CPU per MB with a few busy connections, but
+at 200 connections it cost 417-435 us of CPU per exchange against 195-207 us on the loop, and
+when 2,000 idle connections closed at once another client's round trip stalled 4.8-6.2 s
+against 8-33 ms (4,000 threads waking at once behind the GIL), so it was removed
+(``REMOVED_IO``).
 
 **Operations.** The metrics port is the admin endpoint (``proxy.admin``): ``/metrics``,
 ``/healthz``, ``/ready`` (``Proxy.ready_state``) and ``GET``/``PUT /rules``
@@ -48,18 +48,15 @@ from typing import Any
 from proxy import outdir, tls
 from proxy.admin import AdminAuth, AdminRoutes, admin_ssl_context, serve_admin
 from proxy.budget import DEFAULT_MAX_MEMORY_MB, MemoryBudget
+from proxy.config_file import IO_MODES, REMOVED_IO
 from proxy.endings import Endings
 from proxy.inject import Rule, RuleSet
 from proxy.metrics import DEFAULT_CLIENT_IDS, Metrics
 from proxy.recorder import Recorder
 from proxy.session import ClientProtocol, Session
-from proxy.threaded import serve_listener
 
-__all__ = ["IO_MODES", "Proxy", "ProxyConfig", "parse_address", "tune_malloc"]
+__all__ = ["IO_MODES", "REMOVED_IO", "Proxy", "ProxyConfig", "check_io", "parse_address", "tune_malloc"]
 
-#: How connections are driven: ``threads`` (blocking, two per connection; plain TCP without
-#: rules only), ``asyncio`` (the event loop), ``auto`` (the event loop).
-IO_MODES = ("auto", "threads", "asyncio")
 
 log = logging.getLogger("kwire.proxy")
 
@@ -88,9 +85,9 @@ def tune_malloc(mmap_threshold: int = 32 << 20, trim_threshold: int = 128 << 20)
     both thresholds lets freed blocks be reused. Linux/glibc only; False elsewhere.
 
     Those thresholds apply to each malloc arena, and glibc gives threads arenas of their
-    own (up to 8 per core): with two threads per connection, 16 connections of large frames
-    left some 300 MB in arenas after the load, beyond ``--max-memory-mb``. Python allocates
-    under the GIL anyway, so two arenas cost no contention.
+    own (up to 8 per core; the recorder's writer thread and ``asyncio.to_thread`` workers run
+    Python too), each keeping freed blocks of its own. Python allocates under the GIL anyway,
+    so two arenas cost no contention.
     """
     try:
         import ctypes
@@ -163,14 +160,17 @@ class ProxyConfig:
     #: this many seconds, else the connection is closed (counted). None or 0: no limit.
     header_timeout: float | None = HEADER_TIMEOUT_SECONDS
 
-    def threaded(self) -> bool:
-        """Whether connections are forwarded on threads; ValueError if ``io`` cannot be honoured."""
-        if self.io not in IO_MODES:
-            raise ValueError(f"io must be one of {', '.join(IO_MODES)}, not {self.io!r}")
-        needs_loop = bool(self.tls_cert or self.upstream_tls or self.rules)
-        if self.io == "threads" and needs_loop:
-            raise ValueError("threaded forwarding does not do TLS or fault rules (use --io asyncio or auto)")
-        return self.io == "threads"
+    def check(self) -> None:
+        """ValueError (one line) if the configuration cannot be honoured."""
+        check_io(self.io)
+
+
+def check_io(io: str) -> None:
+    """ValueError with a one-line message unless ``io`` is one of ``IO_MODES``."""
+    if io in REMOVED_IO:
+        raise ValueError(REMOVED_IO[io])
+    if io not in IO_MODES:
+        raise ValueError(f"io must be one of {', '.join(IO_MODES)}, not {io!r}")
 
 
 class Proxy:
@@ -178,7 +178,7 @@ class Proxy:
 
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
-        self.threaded = config.threaded()
+        config.check()
         host, port = config.listen
         self.source = f"proxy:{host}:{port}"
         self.run_id = f"{int(time.time()):x}{os.getpid() & 0xFFFF:04x}"
@@ -211,12 +211,9 @@ class Proxy:
         self.node_ports: dict[int, int] = {}  # node id -> local listener port
         self.topic_names: dict[str, str] = {}  # topic id -> name, from Metadata responses
         self.servers: list[asyncio.AbstractServer] = []
-        self.listeners: list[socket.socket] = []  # threaded: sockets their accept threads block on
-        self.retired: set[socket.socket] = set()  # threaded: listeners closed on purpose
         self._node_servers: dict[int, Any] = {}  # node id -> its listening socket or asyncio server
         self._refusing: set[int] = set()  # nodes whose listener is closed while the broker refuses
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.threads: set[threading.Thread] = set()  # threaded: one per open client connection
         self._nodes_lock = threading.Lock()
         self._metrics_server: asyncio.AbstractServer | None = None
         self._header_sweeper: asyncio.Task[None] | None = None
@@ -292,10 +289,7 @@ class Proxy:
             log.info("  rule %s: %s%s", n, rule.text, where)
 
     def replace_rules(self, rules: list[Rule]) -> list[Rule]:
-        """Make ``rules`` the rules in force, for open connections too; RuntimeError if this
-        proxy's connections cannot apply rules (``--io threads``)."""
-        if self.threaded and rules:
-            raise RuntimeError("this proxy forwards on threads (--io threads), which do no fault rules")
+        """Make ``rules`` the rules in force, for open connections too."""
         active = self.rules.replace(rules)
         self.metrics.rules_active = len(active)
         return active
@@ -343,7 +337,7 @@ class Proxy:
         connection (checked at most every ``READY_REUSE_SECONDS``; concurrent calls share one)."""
         if self.stopping:
             return False, "stopping"
-        if not (self.servers or self.listeners):
+        if not self.servers:
             return False, "not listening"
         if time.monotonic() - self._ready_at < READY_REUSE_SECONDS:
             return self._ready_last
@@ -371,10 +365,7 @@ class Proxy:
         return result
 
     async def _listen(self, host: str, port: int) -> None:
-        """Open the bootstrap listener (threads or the event loop, as configured)."""
-        if self.threaded:
-            self.listen_port = self._serve_threaded(_listening_socket(host, port), self._bootstrap_targets)
-            return
+        """Open the bootstrap listener."""
         server = await asyncio.get_running_loop().create_server(
             lambda: ClientProtocol(self, self._bootstrap_targets),
             host,
@@ -391,14 +382,6 @@ class Proxy:
         if self._metrics_server is None:
             return None
         return self._metrics_server.sockets[0].getsockname()[1]
-
-    def _serve_threaded(self, sock: socket.socket, targets: Any) -> int:
-        """Start an accept thread on a listening socket; its port."""
-        self.listeners.append(sock)
-        threading.Thread(
-            target=serve_listener, args=(self, sock, targets), name="kwire-accept", daemon=True
-        ).start()
-        return sock.getsockname()[1]
 
     def _bootstrap_targets(self) -> list[tuple[str, int]]:
         return list(self.config.bootstrap)
@@ -457,10 +440,6 @@ class Proxy:
         def targets(node_id: int = node_id) -> list[tuple[str, int]]:
             return [self.nodes[node_id]]
 
-        if self.threaded:
-            self._node_servers[node_id] = sock
-            self._serve_threaded(sock, targets)
-            return
         sock.setblocking(False)
         self._node_servers[node_id] = sock
 
@@ -513,12 +492,7 @@ class Proxy:
         asyncio.get_running_loop().create_task(self._probe(node_id))
 
     def _close_listener(self, server: Any) -> None:
-        if isinstance(server, socket.socket):
-            self.retired.add(server)
-            if server in self.listeners:
-                self.listeners.remove(server)
-            with contextlib.suppress(OSError):
-                server.shutdown(socket.SHUT_RDWR)  # wakes the accept thread
+        if isinstance(server, socket.socket):  # not served yet
             server.close()
         else:
             if server in self.servers:
@@ -556,7 +530,7 @@ class Proxy:
     async def _sweep_headers(self, timeout: float) -> None:
         """Close connections whose request header is overdue (``Session.header_expired``),
         checking every quarter of the timeout: one is closed 1 to 1.25 timeouts after its
-        header began. A session of either I/O path can be closed from here (the loop)."""
+        header began."""
         period = min(max(timeout / 4, 0.05), 5.0)
         while not self.stopping:
             await asyncio.sleep(period)
@@ -585,10 +559,6 @@ class Proxy:
         self.stopping = True
         for server in self.servers:
             server.close()
-        for sock in self.listeners:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)  # wakes the accept thread
-            sock.close()
         if self._metrics_server is not None:
             self._metrics_server.close()
         if self._header_sweeper is not None:
@@ -598,8 +568,6 @@ class Proxy:
             session.abort("open_at_end")
         await asyncio.sleep(0)
         self.endings.run_all()
-        if self.threads:
-            await asyncio.to_thread(self._join_threads, 5.0)
         await self.recorder.stop()
         self._release_out_dir()
 
@@ -607,12 +575,6 @@ class Proxy:
         if self._out_claim is not None:
             os.close(self._out_claim)  # the lock on the output directory goes with it
             self._out_claim = None
-
-    def _join_threads(self, timeout: float) -> None:
-        """Wait (at most ``timeout`` in all) for the connection threads to wind up."""
-        deadline = time.monotonic() + timeout
-        for thread in list(self.threads):
-            thread.join(max(0.0, deadline - time.monotonic()))
 
     async def serve(self, ready: Any = None) -> None:
         """Run until SIGTERM or SIGINT, then stop cleanly."""

@@ -2,11 +2,8 @@
 
 ``Session`` holds the forwarding state and does no I/O of its own: it is fed what one side
 sent (``from_client``, ``from_upstream``) and writes to the other through a transport-like
-object (``write``, ``close``, ``abort``). The event loop drives it through ``ClientProtocol``
-(TLS, fault rules); plain connections are driven by two blocking threads
-(``proxy.threaded``), one per direction. Each direction's state is only touched by the
-thread that feeds it; what both share (requests awaiting a response, the end of the session)
-is kept under ``Session.lock``.
+object (``write``, ``close``, ``abort``). The event loop drives it through ``ClientProtocol``,
+for every connection (the one I/O model: ``proxy.server``).
 
 Bytes are forwarded as they arrive. The client -> broker direction is cut into frames by
 their length prefix only to read each request's head (``proxy.framing``): api key, version
@@ -180,9 +177,6 @@ class Session:
         self.up: Any = None  # the upstream transport, once connected
         self.closed = False
         self.ended_ns = 0
-        #: Set by a driver whose two directions may still be recording after the session
-        #: ended (threads): it then calls ``record_close`` itself once both are done.
-        self.record_close_later = False
         self.lock = threading.Lock()  # inflight, inflight_ids, injected_waiting, closed
         self._connect_task: asyncio.Task[None] | None = None
         self._linger: asyncio.TimerHandle | None = None
@@ -401,8 +395,7 @@ class Session:
         self.proxy.sessions.discard(self)
         self._give(self.taken)
         self.metrics.add("connections_open", -1)
-        if not self.record_close_later:
-            self.record_close()
+        self.record_close()
         return True
 
     def record_close(self) -> None:
@@ -564,7 +557,7 @@ class Session:
             self.header_due = time.monotonic() + self.header_timeout
 
     def header_expired(self, now: float) -> bool:
-        """Whether the header begun is overdue (any thread). Never while the proxy itself is
+        """Whether the header begun is overdue. Never while the proxy itself is
         not reading the client (connecting upstream, backpressure, a latency rule): the clock
         starts again when reading resumes."""
         due = self.header_due
@@ -718,8 +711,8 @@ class Session:
 
     # ---- broker -> client -------------------------------------------------------------
 
-    # A write that fails (the client reset the connection) is not recorded: on the event loop
-    # the transport swallows the error and is closing from then on; a blocking socket raises.
+    # A write that fails (the client reset the connection) is not recorded: the transport
+    # swallows the error and is closing from then on.
 
     def _to_client(self, data: Any) -> None:
         self.cl.write(data)

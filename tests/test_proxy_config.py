@@ -164,7 +164,8 @@ def _bad(tmp_path: Path, text: str, *extra: str) -> tuple[int, list[str]]:
             3,
             "recording.flush_rows: expected a whole number 1 or more",
         ),
-        ("bootstrap: [127.0.0.1:1]\nio: fibres\n", 2, "io: expected one of auto, threads, asyncio"),
+        ("bootstrap: [127.0.0.1:1]\nio: fibres\n", 2, "io: expected one of auto, asyncio"),
+        ("bootstrap: [127.0.0.1:1]\nio: threads\n", 2, "io: --io threads was removed: "),
         ("bootstrap: [127.0.0.1:1]\nupstream:\n  tls: maybe\n", 3, "upstream.tls: expected true or false"),
         (
             "bootstrap: [127.0.0.1:1]\nrules:\n  - api=Produce,error=56\n  - {api: Fetch, latency: soon}\n",

@@ -1,7 +1,6 @@
 """``kwire proxy`` with real clients against a real broker (Tansu), checked against tcpdump.
 
-For each client library, and for both ways the proxy drives connections (threads, the
-default for plain TCP, and the event loop, which TLS and fault rules use): produce, consume in a group and commit through the proxy while
+For each client library: produce, consume in a group and commit through the proxy while
 tcpdump captures both sides (client <-> proxy and proxy <-> broker). Then:
 
 * the rows the proxy recorded equal what ``kwire decode`` finds in the client-side capture
@@ -97,10 +96,9 @@ def normalised(frame: bytes, key: int, version: int) -> Any:
     return header, body
 
 
-@pytest.mark.parametrize("io", ["threads", "asyncio"])
 @pytest.mark.parametrize("client", sorted(SCENARIOS))
 def test_end_to_end_through_proxy(
-    tansu: TansuBroker, capture: Callable[..., Tcpdump], tmp_path: Path, client: str, io: str
+    tansu: TansuBroker, capture: Callable[..., Tcpdump], tmp_path: Path, client: str
 ) -> None:
     out = tmp_path / "recorded"
     listen = free_port()
@@ -116,14 +114,12 @@ def test_end_to_end_through_proxy(
         str(node_port - tansu.node_id),
         "--flush-seconds",
         "1",
-        "--io",
-        io,
     ]
-    with capture(listen, node_port, tansu.port, name=f"proxy-{client}-{io}") as dump:
+    with capture(listen, node_port, tansu.port, name=f"proxy-{client}") as dump:
         proc = ProxyProcess(args).start()
         try:
             summary = SCENARIOS[client](
-                f"127.0.0.1:{listen}", f"proxied-{client}-{io}", messages_per_step=2, timeout=20
+                f"127.0.0.1:{listen}", f"proxied-{client}", messages_per_step=2, timeout=20
             )
         finally:
             code = proc.terminate()

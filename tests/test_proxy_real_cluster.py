@@ -2,8 +2,7 @@
 
 One run for the module (``proxied``): a KRaft cluster (3 brokers, 1 controller, Kafka 4.1.1
 from Maven Central; ``lab.cluster``) at ``lab.scenarios.addresses()`` (set
-``KWIRE_LAB_NET`` to move it), a ``kwire proxy`` (``--io`` from ``KWIRE_PROXY_IO``, default
-``auto``: threads) on
+``KWIRE_LAB_NET`` to move it), a ``kwire proxy`` on
 ``<net>.100:9092`` with broker N's listener on ``<net>.100:9100+N``, and real clients that
 only know the proxy's address: acks=all producers (Java kafka-clients 4.1.1, librdkafka
 through confluent-kafka, sarama 1.43.3) and a consumer group (Java 4.1.1, kafka-python).
@@ -51,7 +50,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import subprocess
 import sys
@@ -92,8 +90,6 @@ MESSAGES = 1200
 RATE = 20.0
 FREEZE_AT = 6.0
 FROZEN_FOR = 12.0
-#: ``kwire proxy --io``: the default path (threads) unless the environment asks for the event loop.
-IO = os.environ.get("KWIRE_PROXY_IO", "auto")
 LISTEN_PORT = 9092
 NODE_PORT_BASE = 9100
 #: Lab client ids that reach brokers directly, by design: the cluster's readiness and leader
@@ -297,7 +293,7 @@ def proxied(tmp_path_factory: pytest.TempPathFactory) -> ProxiedRun:
         before = cluster.create_topic(TOPIC, partitions=PARTITIONS, rf=3, configs={"min.insync.replicas": 2})
         brokers = {n: cluster.broker_ip(n) for n in cluster.brokers}
         args = ["--listen", bootstrap, "--broker-port-base", str(NODE_PORT_BASE), "-o", str(recorded_dir)]
-        args += ["--flush-seconds", "2", "--io", IO]
+        args += ["--flush-seconds", "2"]
         for node in sorted(brokers):  # the victim is not first: a frozen broker still accepts connections
             args += ["--bootstrap", f"{brokers[node]}:9092"]
         near = Tcpdump(work / "near.pcap", [LISTEN_PORT], bpf=f"tcp and host {proxy_host}")

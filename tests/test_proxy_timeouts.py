@@ -50,7 +50,7 @@ TIMEOUT = 1.0
 CLOSE_WAIT = 10.0
 
 
-def config(broker: TansuBroker, io: str, out: Path | None = None, **extra: Any) -> ProxyConfig:
+def config(broker: TansuBroker, out: Path | None = None, **extra: Any) -> ProxyConfig:
     return ProxyConfig(
         bootstrap=[("127.0.0.1", broker.port)],
         listen=(HOST, 0),
@@ -58,7 +58,6 @@ def config(broker: TansuBroker, io: str, out: Path | None = None, **extra: Any) 
         out_dir=out,
         flush_seconds=0.2,
         connect_timeout=3,
-        io=io,
         **{"header_timeout": TIMEOUT, **extra},
     )
 
@@ -116,13 +115,12 @@ def connect(port: int) -> socket.socket:
     return sock
 
 
-@pytest.mark.parametrize("io", ["threads", "asyncio"])
 def test_unfinished_headers_are_closed_and_waiting_clients_are_not(
-    io: str, tansu: TansuBroker, tmp_path: Path
+    tansu: TansuBroker, tmp_path: Path
 ) -> None:
     tansu.create_topics(["timeouts-empty"], partitions=1)
     out = tmp_path / "ds"
-    with ProxyThread(config(tansu, io, out)) as running:
+    with ProxyThread(config(tansu, out)) as running:
         port = running.proxy.listen_port
         silent = connect(port)  # never sends a byte
         partial = connect(port)
@@ -195,7 +193,7 @@ def test_unfinished_headers_are_closed_and_waiting_clients_are_not(
 
 
 def test_with_the_timeout_off_a_half_header_waits(tansu: TansuBroker) -> None:
-    with ProxyThread(config(tansu, "threads", header_timeout=None)) as running:
+    with ProxyThread(config(tansu, header_timeout=None)) as running:
         assert running.proxy._header_sweeper is None
         with connect(running.proxy.listen_port) as sock:
             frame = api_versions(1, "patient")
@@ -205,13 +203,12 @@ def test_with_the_timeout_off_a_half_header_waits(tansu: TansuBroker) -> None:
         assert running.proxy.metrics.header_timeouts == 0
 
 
-@pytest.mark.parametrize("io", ["threads", "asyncio"])
-def test_a_real_consumer_long_polling_is_never_timed_out(io: str, tansu: TansuBroker) -> None:
+def test_a_real_consumer_long_polling_is_never_timed_out(tansu: TansuBroker) -> None:
     from kafka import KafkaConsumer, KafkaProducer
 
-    topic = f"timeouts-poll-{io}"
+    topic = "timeouts-poll"
     tansu.create_topics([topic], partitions=1)
-    with ProxyThread(config(tansu, io)) as running:
+    with ProxyThread(config(tansu)) as running:
         bootstrap = f"{HOST}:{running.proxy.listen_port}"
         consumer = KafkaConsumer(
             topic,
@@ -278,13 +275,13 @@ def test_stale_temporary_files_are_removed_at_start(tansu: TansuBroker, tmp_path
     stale = leave_a_stale_file(out)
     finished = sorted(out.rglob("*.parquet"))
     assert len(finished) == 1
-    with ProxyThread(config(tansu, "threads", out)) as first:
+    with ProxyThread(config(tansu, out)) as first:
         assert not stale.exists()
         # a second proxy on the same directory while the first runs: a file being written now
         # (standing in for the first proxy's) is not stale, and stays
         stand_in = stale.with_name(".part-live-00000.parquet.tmp")
         stand_in.write_bytes(b"being written")
-        with ProxyThread(config(tansu, "threads", out)) as second, connect(first.proxy.listen_port) as sock:
+        with ProxyThread(config(tansu, out)) as second, connect(first.proxy.listen_port) as sock:
             assert stand_in.exists()
             assert round_trip(sock, api_versions(1, "first")) == 1
             with connect(second.proxy.listen_port) as other:

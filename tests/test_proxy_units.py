@@ -7,6 +7,8 @@ from __future__ import annotations
 import socket
 import socketserver
 import struct
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -27,7 +29,7 @@ from proxy import rewrite
 from proxy.embedded import ProxyThread, loopback_config
 from proxy.framing import parse_request_head
 from proxy.inject import RuleError, RuleSet, build_error_response, load_rules, parse_duration, parse_rule
-from proxy.server import ProxyConfig, parse_address
+from proxy.server import Proxy, ProxyConfig, parse_address
 from proxy.streams import capture_streams, split_frames
 
 CAPTURES = sorted((Path(__file__).resolve().parent.parent / "captures").glob("*.pcap"))
@@ -490,13 +492,8 @@ def test_latency_and_close_rules(fake: FakeBroker) -> None:
     assert 5 not in [struct.unpack_from(">i", f, 8)[0] for f in fake.received]
 
 
-BOTH_IO_PATHS = pytest.mark.parametrize("io", ["threads", "asyncio"])
-
-
-@BOTH_IO_PATHS
-def test_metadata_rewritten_and_broker_listener_serves(fake: FakeBroker, tmp_path: Path, io: str) -> None:
-    with ProxyThread(proxy_config(fake.port, tmp_path, advertise="127.0.0.1", io=io)) as running:
-        assert running.proxy.threaded == (io == "threads")
+def test_metadata_rewritten_and_broker_listener_serves(fake: FakeBroker, tmp_path: Path) -> None:
+    with ProxyThread(proxy_config(fake.port, tmp_path, advertise="127.0.0.1")) as running:
         with socket.create_connection(("127.0.0.1", running.proxy.listen_port)) as s:
             request = request_frame(3, 9, 11)
             s.sendall(request)
@@ -516,11 +513,10 @@ def test_metadata_rewritten_and_broker_listener_serves(fake: FakeBroker, tmp_pat
     assert brokers and {b["host"] for b in brokers} == {"127.0.0.1"}  # rows show what the client saw
 
 
-@BOTH_IO_PATHS
-def test_unknown_api_and_garbage_pass_through_unchanged(io: str, tmp_path: Path) -> None:
+def test_unknown_api_and_garbage_pass_through_unchanged(tmp_path: Path) -> None:
     echo = FakeBroker(raw=True)
     try:
-        with ProxyThread(proxy_config(echo.port, tmp_path, io=io)) as running:
+        with ProxyThread(proxy_config(echo.port, tmp_path)) as running:
             unknown = (
                 struct.pack(">ihhi", 12, 999, 3, 1) + b"\x00\x02hi"
             )  # a well-framed request of an unknown api
@@ -545,15 +541,12 @@ def test_unknown_api_and_garbage_pass_through_unchanged(io: str, tmp_path: Path)
     assert statuses.count("unknown_api") >= 4
 
 
-@BOTH_IO_PATHS
-def test_sasl_passes_through_and_credentials_are_not_recorded(
-    fake: FakeBroker, tmp_path: Path, io: str
-) -> None:
+def test_sasl_passes_through_and_credentials_are_not_recorded(fake: FakeBroker, tmp_path: Path) -> None:
     secret = b"\x00alice\x00s3cr3t-password"
     handshake = request_frame(17, 1, 1, {"Mechanism": "PLAIN"})
     authenticate = request_frame(36, 2, 2, {"AuthBytes": secret})
     with (
-        ProxyThread(proxy_config(fake.port, tmp_path, io=io)) as running,
+        ProxyThread(proxy_config(fake.port, tmp_path)) as running,
         socket.create_connection(("127.0.0.1", running.proxy.listen_port)) as s,
     ):
         s.sendall(handshake + authenticate)
@@ -566,12 +559,11 @@ def test_sasl_passes_through_and_credentials_are_not_recorded(
         assert b"s3cr3t" not in path.read_bytes()
 
 
-@BOTH_IO_PATHS
-def test_client_end_of_stream_still_gets_the_responses(fake: FakeBroker, tmp_path: Path, io: str) -> None:
+def test_client_end_of_stream_still_gets_the_responses(fake: FakeBroker, tmp_path: Path) -> None:
     """A client that sends its requests and then ends its side (shutdown SHUT_WR) still gets
     every response, as on a direct connection: the proxy passes the end on, not a reset."""
     requests = request_frame(12, 0, 1) + request_frame(12, 0, 2)
-    with ProxyThread(proxy_config(fake.port, tmp_path, io=io)) as running:
+    with ProxyThread(proxy_config(fake.port, tmp_path)) as running:
         with socket.create_connection(("127.0.0.1", running.proxy.listen_port)) as s:
             s.sendall(requests)
             s.shutdown(socket.SHUT_WR)
@@ -601,17 +593,15 @@ def _unanswering_listener() -> tuple[socket.socket, list[socket.socket]]:
     return listener, fillers
 
 
-@BOTH_IO_PATHS
-def test_requests_to_an_unreachable_broker_are_recorded(tmp_path: Path, io: str) -> None:
+def test_requests_to_an_unreachable_broker_are_recorded(tmp_path: Path) -> None:
     """A client whose broker cannot be reached is cut off, and what it sent meanwhile is in the
     rows (unanswered), as a capture of that connection shows it; the connection's row starts
-    when the client connected. Before: the threaded path never read those bytes, the event
-    loop paused reading while connecting, so neither recorded the request, and the row's
-    first packet was the time the connect failed."""
+    when the client connected. Before: the event loop paused reading while connecting, so the
+    request was not recorded, and the row's first packet was the time the connect failed."""
     listener, fillers = _unanswering_listener()
     request = request_frame(18, 0, 41, client_id="stranded")
     try:
-        config = proxy_config(listener.getsockname()[1], tmp_path, io=io, connect_timeout=0.5)
+        config = proxy_config(listener.getsockname()[1], tmp_path, connect_timeout=0.5)
         with ProxyThread(config) as running:
             with socket.create_connection(("127.0.0.1", running.proxy.listen_port)) as s:
                 s.sendall(request)
@@ -634,8 +624,7 @@ def test_requests_to_an_unreachable_broker_are_recorded(tmp_path: Path, io: str)
     assert connection["first_packet_time"] <= row["request_time"]
 
 
-@BOTH_IO_PATHS
-def test_broker_listener_refuses_while_its_broker_does(tmp_path: Path, io: str) -> None:
+def test_broker_listener_refuses_while_its_broker_does(tmp_path: Path) -> None:
     """A broker that refuses connections (it is down) gets a listener that refuses them too,
     until it accepts connections again: clients back off as on a direct connection. Before,
     the listener accepted every client and cut it off at once, and kafka-python 3.0 reconnected
@@ -671,7 +660,7 @@ def test_broker_listener_refuses_while_its_broker_does(tmp_path: Path, io: str) 
             assert time.monotonic() < deadline, what
             time.sleep(0.05)
 
-    config = proxy_config(broker.port, tmp_path, advertise="127.0.0.1", io=io)
+    config = proxy_config(broker.port, tmp_path, advertise="127.0.0.1")
     with ProxyThread(config) as running:
         with socket.create_connection(("127.0.0.1", running.proxy.listen_port)) as s:
             s.sendall(request_frame(3, 9, 1))
@@ -699,23 +688,35 @@ def test_broker_listener_refuses_while_its_broker_does(tmp_path: Path, io: str) 
             broker.close()
 
 
-def test_io_mode_follows_tls_and_rules(tmp_path: Path) -> None:
-    rule = parse_rule("api=Produce,error=56")
-    assert not loopback_config(1).threaded()  # auto: the event loop, which holds up under many connections
-    assert loopback_config(1, io="threads").threaded()
-    assert not loopback_config(1, rules=[rule]).threaded()  # rules answer from the event loop
-    assert not loopback_config(1, upstream_tls=True).threaded()
-    assert not loopback_config(1, io="asyncio").threaded()
-    with pytest.raises(ValueError, match="TLS or fault rules"):
-        loopback_config(1, io="threads", rules=[rule]).threaded()
-    with pytest.raises(ValueError, match="io must be one of"):
-        loopback_config(1, io="fibres").threaded()
+def test_io_threads_is_refused_by_the_api_saying_why() -> None:
+    """One I/O model (the event loop): ``auto`` and ``asyncio`` are it; ``threads`` was removed."""
+    loopback_config(1).check()
+    loopback_config(1, io="asyncio").check()
+    with pytest.raises(ValueError, match=r"^--io threads was removed: .*stalled other clients"):
+        Proxy(loopback_config(1, io="threads"))
+    with pytest.raises(ValueError, match="io must be one of auto, asyncio, not 'fibres'"):
+        loopback_config(1, io="fibres").check()
+
+
+def test_io_threads_on_the_command_line_exits_non_zero_with_one_line() -> None:
+    """``kwire proxy --io threads`` (a script written for the removed path): one line, exit 2,
+    before any broker is asked for, so nothing is started."""
+    result = subprocess.run(
+        [sys.executable, "-m", "kwire", "proxy", "--io", "threads"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    [line] = result.stderr.splitlines()
+    assert line.startswith("kwire proxy: --io threads was removed: ") and "use auto or asyncio" in line
+    assert result.stdout == ""
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--io", "threads", "--inject", "api=Produce,error=56"], "does not do TLS or fault rules"),
+        (["--io", "threads"], "--io threads was removed: "),
         (["--io", "fibres"], "io must be one of"),
         (["--max-memory-mb", "-1"], "--max-memory-mb -1: must be 0 (no limit) or more"),
         (["--inject", "api=Produce,error=NO_SUCH_ERROR"], "bad fault rule"),
@@ -739,16 +740,15 @@ def test_proxy_usage_errors_are_one_line_and_exit_2(args: list[str], message: st
     assert line.startswith("kwire proxy: ") and message in line
 
 
-@pytest.mark.parametrize("io", ["threads", "asyncio"])
 @pytest.mark.parametrize("taken", ["--listen", "--metrics-port"])
-def test_an_address_in_use_is_named_in_one_line(io: str, taken: str) -> None:
+def test_an_address_in_use_is_named_in_one_line(taken: str) -> None:
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen(1)
         port = holder.getsockname()[1]
         value = f"127.0.0.1:{port}" if taken == "--listen" else str(port)
         result = CliRunner().invoke(
-            app, ["proxy", "--bootstrap", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--io", io, taken, value]
+            app, ["proxy", "--bootstrap", "127.0.0.1:1", "--listen", "127.0.0.1:0", taken, value]
         )
     assert result.exit_code == 2
     [line] = result.stderr.splitlines()

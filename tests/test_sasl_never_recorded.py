@@ -516,8 +516,7 @@ def test_metric_labels_are_known_values_or_other() -> None:
     assert 'kwire_proxy_request_latency_seconds_count{api="other"} 1' in page
 
 
-@pytest.mark.parametrize("io", ["threads", "asyncio"])
-def test_malformed_frames_through_the_proxy_mint_no_label(io: str, tmp_path: Path) -> None:
+def test_malformed_frames_through_the_proxy_mint_no_label(tmp_path: Path) -> None:
     """Frames of unknown apis and versions, and bytes that are no frame at all, go through a
     proxy (to a broker that echoes them): its metrics hold only table values and ``other``."""
     from proxy.embedded import ProxyThread, loopback_config
@@ -536,7 +535,7 @@ def test_malformed_frames_through_the_proxy_mint_no_label(io: str, tmp_path: Pat
         echo.daemon_threads = True
         threading.Thread(target=echo.serve_forever, daemon=True).start()
         try:
-            with ProxyThread(loopback_config(echo.server_address[1], tmp_path, io=io)) as running:
+            with ProxyThread(loopback_config(echo.server_address[1], tmp_path)) as running:
                 for payload in (unknown_key + unknown_version, unknown_version + garbage):
                     with socket.create_connection(
                         ("127.0.0.1", running.proxy.listen_port), timeout=WAIT
@@ -582,8 +581,7 @@ class ScriptedBroker(socketserver.ThreadingTCPServer):
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
 
-@pytest.mark.parametrize("io", ["threads", "asyncio"])
-def test_proxy_cuts_gssapi_tokens_by_length_only(io: str, tmp_path: Path) -> None:
+def test_proxy_cuts_gssapi_tokens_by_length_only(tmp_path: Path) -> None:
     """GSSAPI after SaslHandshake v0 (no fixed token count), with a token whose first bytes look
     like a Metadata request header, written one byte at a time: the proxy forwards it all, records
     no byte of it, mints no label from it, and decodes the request that follows."""
@@ -594,7 +592,7 @@ def test_proxy_cuts_gssapi_tokens_by_length_only(io: str, tmp_path: Path) -> Non
     client_frames = [raw(GSSAPI_FIRST), raw(lookalike), request(3, 1, 2)]
     broker = ScriptedBroker(script)
     try:
-        config = loopback_config(broker.server_address[1], tmp_path / "out", flush_seconds=0.2, io=io)
+        config = loopback_config(broker.server_address[1], tmp_path / "out", flush_seconds=0.2)
         with ProxyThread(config) as running:
             with socket.create_connection(("127.0.0.1", running.proxy.listen_port), timeout=WAIT) as sock:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -797,15 +795,12 @@ def check_metrics(page: str) -> None:
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("io", ["threads", "asyncio"])
-def test_kwire_proxy_never_records_the_password(
-    io: str, sasl_broker: str, tmp_path: Path, capture: Any
-) -> None:
+def test_kwire_proxy_never_records_the_password(sasl_broker: str, tmp_path: Path, capture: Any) -> None:
     from proxy.embedded import ProxyProcess
 
     out = tmp_path / "dataset"
     args = ["-b", sasl_broker, "--listen", "127.0.0.1:0", "--broker-port-base", "0", "-o", str(out)]
-    args += ["--metrics-port", "0", "--flush-seconds", "0.3", "--io", io, "--log-level", "debug"]
+    args += ["--metrics-port", "0", "--flush-seconds", "0.3", "--log-level", "debug"]
     expected: dict[int, list[tuple[int, int, int, str]]] = {}
     with (
         capture(SASL_PORT, name="broker-side") as dump,
