@@ -10,18 +10,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from realkafka import BrokerStartError, TansuBroker, Tcpdump, tcpdump_available
+from realkafka import TansuBroker, Tcpdump, started_tansu, tcpdump_available
 
 
 @pytest.fixture(scope="session")
 def tansu() -> Iterator[TansuBroker]:
     """A Tansu broker (memory storage) on 127.0.0.1, shared by the whole session."""
-    broker = TansuBroker()
-    try:
-        broker.start()
-    except BrokerStartError as exc:
-        broker.close()
-        pytest.skip(f"Tansu broker cannot start: {exc}")
+    broker = started_tansu()
     try:
         yield broker
     finally:

@@ -326,7 +326,7 @@ class TansuBroker:
 # --------------------------------------------------------------------------- tcpdump
 
 
-def started_tansu(host: str, port: int | None = None) -> TansuBroker:
+def started_tansu(host: str = HOST, port: int | None = None) -> TansuBroker:
     """A Tansu broker started on ``host`` (and ``port``, else a free one); the test is skipped
     with the reason when it cannot start."""
     import pytest

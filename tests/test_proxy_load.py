@@ -33,7 +33,7 @@ from typing import Any
 import coverage_report
 import pyarrow.dataset as ds
 import pytest
-from realkafka import BrokerStartError, TansuBroker
+from realkafka import TansuBroker, started_tansu
 
 from proxy.embedded import ProxyProcess, ProxyThread
 from proxy.server import ProxyConfig
@@ -50,13 +50,7 @@ OVERHEAD = 160 * MB
 
 @pytest.fixture(scope="module")
 def broker() -> Iterator[TansuBroker]:
-    tansu = TansuBroker()
-    tansu.host = HOST
-    try:
-        tansu.start()
-    except BrokerStartError as exc:
-        tansu.close()
-        pytest.skip(f"Tansu broker cannot start: {exc}")
+    tansu = started_tansu(HOST)
     try:
         yield tansu
     finally:
