@@ -179,6 +179,7 @@ class Session:
         self.ended_ns = 0
         self.lock = threading.Lock()  # inflight, inflight_ids, injected_waiting, closed
         self._connect_task: asyncio.Task[None] | None = None
+        self.targets: list[tuple[str, int]] = []  # the brokers it connects to, in order
         self._linger: asyncio.TimerHandle | None = None
         self.end_reason: str | None = None
         self.bytes_from_client = 0
@@ -228,6 +229,7 @@ class Session:
     def connect_async(self, targets: list[tuple[str, int]]) -> None:
         """Connect upstream on the event loop; what the client sends meanwhile is read and held
         (up to ``BACKLOG_LIMIT``), so it is recorded even when no broker can be reached."""
+        self.targets = targets
         self._connect_task = asyncio.get_running_loop().create_task(self._connect(targets))
 
     async def _connect(self, targets: list[tuple[str, int]]) -> None:
@@ -283,15 +285,22 @@ class Session:
         self.metrics.add("upstream_failures")
         log.warning("no broker reachable for client %s:%s (%s)", *self.client_addr, error)
         self.proxy.upstream_refused(targets, error)
-        host, port = targets[0] if targets else (None, None)
+        self._record_unforwarded()
+        if self._end("rst"):
+            self.cl.abort()
+
+    def _record_unforwarded(self) -> None:
+        """Open the connection in the recorder with what the client sent while no upstream
+        connection was made (none could be, or the client ended first): its requests are
+        recorded unanswered, as a capture of the client's connection shows them. The broker
+        is the first one it would have gone to."""
+        host, port = self.targets[0] if self.targets else (None, None)
         self._open_record(host, port)
         for data, ts in self.c_backlog or []:
             self.bytes_from_client += len(data)
             self.recorder.data(self.key, 0, data, ts)
         self.c_backlog = None
         self._give(self.c_backlog_bytes)
-        if self._end("rst"):
-            self.cl.abort()
 
     def _open_record(self, broker_ip: str | None, broker_port: int | None) -> None:
         from kwire.rows import ConnectionInfo
@@ -400,6 +409,10 @@ class Session:
 
     def record_close(self) -> None:
         """Queue the connection's end for the recorder (after every byte it carried)."""
+        if self.c_backlog is not None:
+            # ended while its upstream connection was being made: a connection the client
+            # made all the same (seen in a failover: a client gave up on a frozen broker)
+            self._record_unforwarded()
         if self.c_backlog is None:  # opened in the recorder
             self.recorder.close(
                 self.key,

@@ -624,6 +624,45 @@ def test_requests_to_an_unreachable_broker_are_recorded(tmp_path: Path) -> None:
     assert connection["first_packet_time"] <= row["request_time"]
 
 
+@pytest.mark.parametrize("how", ["client_resets", "proxy_stops"])
+def test_a_connection_that_ends_while_the_broker_is_connecting_is_recorded(tmp_path: Path, how: str) -> None:
+    """A connection that ends before the proxy's upstream connection is made (a frozen broker
+    whose SYN queue is full): the client gave up, or the proxy was stopped. The client made it
+    all the same: it is in the rows, with what it sent, unanswered. Before, such a session was
+    dropped unrecorded, and a real-cluster failover run found 29 client connections in the
+    capture and 28 recorded."""
+    listener, fillers = _unanswering_listener()
+    broker_port = listener.getsockname()[1]
+    request = request_frame(18, 0, 42, client_id="impatient")
+    try:
+        config = proxy_config(broker_port, tmp_path, connect_timeout=30)
+        with ProxyThread(config) as running:
+            s = socket.create_connection(("127.0.0.1", running.proxy.listen_port))
+            s.sendall(request)
+            deadline = time.monotonic() + 5
+            while running.proxy.metrics.bytes_to_broker < len(request) and not running.proxy.sessions:
+                assert time.monotonic() < deadline, "the proxy never accepted the client"
+                time.sleep(0.02)
+            time.sleep(0.3)  # the request is read and held while connecting
+            if how == "client_resets":
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                s.close()
+                deadline = time.monotonic() + 5
+                while running.proxy.sessions:
+                    assert time.monotonic() < deadline, "the session never ended"
+                    time.sleep(0.02)
+            assert running.proxy.metrics.upstream_failures == 0  # it never came to that
+        s.close()
+    finally:
+        for sock in (*fillers, listener):
+            sock.close()
+    [row] = ds.dataset(tmp_path / "exchanges", partitioning="hive").to_table().to_pylist()
+    assert (row["correlation_id"], row["client_id"], row["status"]) == (42, "impatient", "unanswered")
+    [connection] = ds.dataset(tmp_path / "connections", partitioning="hive").to_table().to_pylist()
+    assert connection["bytes_to_broker"] == len(request) and connection["bytes_to_client"] == 0
+    assert connection["broker_port"] == broker_port
+
+
 def test_broker_listener_refuses_while_its_broker_does(tmp_path: Path) -> None:
     """A broker that refuses connections (it is down) gets a listener that refuses them too,
     until it accepts connections again: clients back off as on a direct connection. Before,
