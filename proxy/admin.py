@@ -55,7 +55,6 @@ _REASONS = {
     403: b"Forbidden",
     404: b"Not Found",
     405: b"Method Not Allowed",
-    409: b"Conflict",
     411: b"Length Required",
     413: b"Content Too Large",
     503: b"Service Unavailable",
@@ -71,7 +70,7 @@ class AdminRoutes:
     ready: Callable[[], Awaitable[tuple[bool, str]]] | None = None
     #: the rules in force, JSON-ready
     get_rules: Callable[[], Any] | None = None
-    #: replace the rules from a body; raises ValueError (one line: 400) or RuntimeError (409)
+    #: replace the rules from a body; raises ValueError (one line: 400)
     put_rules: Callable[[str], Any] | None = None
 
 
@@ -250,8 +249,6 @@ async def serve_admin(
             return _json(routes.put_rules(text))
         except ValueError as exc:
             return _text(400, str(exc))
-        except RuntimeError as exc:
-            return _text(409, str(exc))
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonlocal active

@@ -125,6 +125,18 @@ _SCALARS = (
 )
 
 
+#: The counters the recorder adds to (``take_recorded``/``merge`` carry them between processes).
+RECORDER_COUNTERS = (
+    "dropped_rows",
+    "dropped_bytes",
+    "gap_rows",
+    "over_budget_frames",
+    "over_budget_bytes",
+    "rows_written",
+    "files_rolled",
+)
+
+
 def _api(api_key: int | str) -> int | str:
     """``api_key`` if the table names it, else ``OTHER``."""
     return api_key if type(api_key) is int and protocol.api_name(api_key) is not None else OTHER
@@ -337,6 +349,38 @@ class Metrics:
                 self.latency_sum[api_key] += seconds
             for code in error_codes:
                 self.errors[(api_key, code)] += 1
+
+    def take_recorded(self) -> dict[str, Any]:
+        """What the recorder added since the last call (and reset here): the latency histograms,
+        error codes and counters its rows made. A recorder in a process of its own
+        (``proxy.recorder_worker``) ships these to the proxy's ``Metrics`` (``merge``); their
+        labels are already bounded (known values or ``other``)."""
+        with self.lock:
+            delta = {
+                "latency": self.latency,
+                "latency_sum": self.latency_sum,
+                "errors": self.errors,
+                "counters": {name: getattr(self, name) for name in RECORDER_COUNTERS},
+            }
+            self.latency, self.latency_sum, self.errors = {}, Counter(), Counter()
+            for name in RECORDER_COUNTERS:
+                setattr(self, name, 0)
+        return delta
+
+    def merge(self, delta: dict[str, Any]) -> None:
+        """Add what another ``Metrics`` took with ``take_recorded``."""
+        with self.lock:
+            for api_key, buckets in delta["latency"].items():
+                mine = self.latency.get(api_key)
+                if mine is None:
+                    self.latency[api_key] = list(buckets)
+                else:
+                    for i, n in enumerate(buckets):
+                        mine[i] += n
+            self.latency_sum.update(delta["latency_sum"])
+            self.errors.update(delta["errors"])
+            for name, n in delta["counters"].items():
+                setattr(self, name, getattr(self, name) + n)
 
     def rerank(self) -> int:
         """Re-rank the shown client ids now (a scrape does it every ``rerank_seconds``)."""

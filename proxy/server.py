@@ -38,7 +38,6 @@ import os
 import signal
 import socket
 import ssl
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,7 +51,7 @@ from proxy.config_file import IO_MODES, REMOVED_IO
 from proxy.endings import Endings
 from proxy.inject import Rule, RuleSet
 from proxy.metrics import DEFAULT_CLIENT_IDS, Metrics
-from proxy.recorder import Recorder
+from proxy.recorder_worker import RecorderProcess
 from proxy.session import ClientProtocol, Session
 
 __all__ = ["IO_MODES", "REMOVED_IO", "Proxy", "ProxyConfig", "check_io", "parse_address", "tune_malloc"]
@@ -190,7 +189,7 @@ class Proxy:
         self._ready_check: asyncio.Future[tuple[bool, str]] | None = None
         self.budget = MemoryBudget(config.max_memory_bytes)
         self.endings = Endings()  # event loop: connection ends, a few per loop turn
-        self.recorder = Recorder(
+        self.recorder = RecorderProcess(
             config.out_dir,
             self.metrics,
             flush_seconds=config.flush_seconds,
@@ -214,7 +213,6 @@ class Proxy:
         self._node_servers: dict[int, Any] = {}  # node id -> its listening socket or asyncio server
         self._refusing: set[int] = set()  # nodes whose listener is closed while the broker refuses
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._nodes_lock = threading.Lock()
         self._metrics_server: asyncio.AbstractServer | None = None
         self._header_sweeper: asyncio.Task[None] | None = None
         self._out_claim: int | None = None  # the lock held on the output directory
@@ -247,13 +245,18 @@ class Proxy:
                     self.config.out_dir,
                 )
         try:
+            await self.recorder.start()
+        except BaseException:
+            self._release_out_dir()
+            raise
+        try:
             await self._listen(host, port)
         except OSError as exc:  # the OS's message does not name the address
+            await self.recorder.stop()
             self._release_out_dir()
             raise OSError(f"cannot listen on {host}:{port}: {_os_reason(exc)}") from exc
         if port == 0:
             self.source = f"proxy:{host}:{self.listen_port}"
-        self.recorder.start()
         if self.config.header_timeout:
             self._header_sweeper = asyncio.get_running_loop().create_task(
                 self._sweep_headers(self.config.header_timeout), name="kwire-header-timeouts"
@@ -300,12 +303,12 @@ class Proxy:
 
     def put_rules(self, text: str) -> dict[str, Any]:
         """``PUT /rules``: replace the rules from YAML/JSON text. ValueError (one line, with the
-        line number) or RuntimeError keeps the rules in force; either is counted."""
+        line number) keeps the rules in force, counted."""
         from proxy.config_file import parse_rules_text
 
         try:
             active = self.replace_rules(parse_rules_text(text, "PUT /rules"))
-        except (ValueError, RuntimeError) as exc:
+        except ValueError as exc:
             self.metrics.bump(self.metrics.rule_reloads, ("admin", "error"))
             log.warning("PUT /rules refused, the rules in force are kept: %s", exc)
             raise
@@ -322,7 +325,7 @@ class Proxy:
             return False
         try:
             active = self.replace_rules(reload())
-        except (ValueError, OSError, RuntimeError) as exc:
+        except (ValueError, OSError) as exc:
             self.metrics.bump(self.metrics.rule_reloads, ("signal", "error"))
             log.error("SIGHUP: the rules in force are kept: %s", exc)
             return False
@@ -397,13 +400,12 @@ class Proxy:
     def local_address(self, node_id: int, host: str, port: int) -> tuple[str, int] | None:
         """Where clients should reach broker ``node_id`` (now at host:port); opens its
         listener on first sight. None if no listener could be opened (address left as is)."""
-        with self._nodes_lock:  # two connections may meet a new broker at once
-            self.nodes[node_id] = (host, port)
-            local = self.node_ports.get(node_id)
+        self.nodes[node_id] = (host, port)
+        local = self.node_ports.get(node_id)
+        if local is None:
+            local = self._open_node_listener(node_id)
             if local is None:
-                local = self._open_node_listener(node_id)
-                if local is None:
-                    return None
+                return None
         return self.advertise, local
 
     def _open_node_listener(self, node_id: int) -> int | None:
@@ -462,17 +464,15 @@ class Proxy:
     # ---- a broker that refuses connections ---------------------------------------------
 
     def upstream_refused(self, targets: list[tuple[str, int]], error: BaseException | None) -> None:
-        """A client's broker refused the connection (any thread). If it is one broker's
+        """A client's broker refused the connection. If it is one broker's
         listener, close that listener until the broker accepts connections again."""
         if not isinstance(error, ConnectionRefusedError) or len(targets) != 1 or self._loop is None:
             return
-        with self._nodes_lock:
-            node_id = next((n for n, address in self.nodes.items() if address == targets[0]), None)
-            if node_id is None or node_id in self._refusing or self.stopping:
-                return
-            self._refusing.add(node_id)
-        with contextlib.suppress(RuntimeError):  # the loop is closed: the proxy has stopped
-            self._loop.call_soon_threadsafe(self._refuse, node_id)
+        node_id = next((n for n, address in self.nodes.items() if address == targets[0]), None)
+        if node_id is None or node_id in self._refusing or self.stopping:
+            return
+        self._refusing.add(node_id)
+        self._loop.call_soon(self._refuse, node_id)
 
     def _refuse(self, node_id: int) -> None:
         """Close broker ``node_id``'s listener (on the loop) and start probing the broker."""
@@ -590,7 +590,7 @@ class Proxy:
         if ready is not None:
             ready(self)
         await done.wait()
-        log.info("stopping: flushing %s rows", len(self.recorder._rows))
+        log.info("stopping: writing the last rows")
         await self.stop()
 
 

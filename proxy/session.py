@@ -44,7 +44,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-import threading
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -177,7 +176,6 @@ class Session:
         self.up: Any = None  # the upstream transport, once connected
         self.closed = False
         self.ended_ns = 0
-        self.lock = threading.Lock()  # inflight, inflight_ids, injected_waiting, closed
         self._connect_task: asyncio.Task[None] | None = None
         self.targets: list[tuple[str, int]] = []  # the brokers it connects to, in order
         self._linger: asyncio.TimerHandle | None = None
@@ -393,10 +391,9 @@ class Session:
 
     def _end(self, reason: str) -> bool:
         """Mark the session ended, once: False if it already was (the other side got there first)."""
-        with self.lock:
-            if self.closed:
-                return False
-            self.closed = True
+        if self.closed:
+            return False
+        self.closed = True
         self.ended_ns = _time_ns()
         self.end_reason = reason
         if self._linger is not None:
@@ -432,10 +429,9 @@ class Session:
         if self.c_backlog is not None:
             self.c_backlog.append((data, _time_ns()))
             self.c_backlog_bytes += len(data)
-            with self.lock:
-                if not self.closed:
-                    self.taken += len(data)
-                    self.budget.charge(len(data))  # read already: held, and no more read beyond the budget
+            if not self.closed:
+                self.taken += len(data)
+                self.budget.charge(len(data))  # read already: held, and no more read beyond the budget
             if self.c_backlog_bytes >= BACKLOG_LIMIT or self.budget.room() <= 0:
                 self.pause_client("connecting", True)
             return
@@ -547,10 +543,9 @@ class Session:
     def _take(self, size: int) -> bool:
         """Hold a frame of ``size`` bytes against the memory budget; False (counted) if it is spent."""
         if self.budget.take(size):
-            with self.lock:  # both directions hold frames; the session's end gives all back
-                if not self.closed:
-                    self.taken += size
-                    return True
+            if not self.closed:
+                self.taken += size
+                return True
             self.budget.give(size)
             return False
         self.metrics.add("over_budget_frames")
@@ -559,9 +554,8 @@ class Session:
 
     def _give(self, size: int) -> None:
         if size > 0:
-            with self.lock:
-                size = min(size, self.taken)
-                self.taken -= size
+            size = min(size, self.taken)
+            self.taken -= size
             self.budget.give(size)
 
     def _header_begun(self) -> None:
@@ -640,11 +634,10 @@ class Session:
         if injected is None and starts_raw_exchange(head.api_key, head.api_version):
             # forwarded to the broker: unframed tokens follow, whatever comes back
             self.sasl = RawExchange(head.mechanism, True, _time_ns())
-        with self.lock:
-            self.inflight.append(_Inflight(corr, head.api_key, head.api_version, injected))
-            self.inflight_ids[corr] = self.inflight_ids.get(corr, 0) + 1
-            if injected is not None:
-                self.injected_waiting += 1
+        self.inflight.append(_Inflight(corr, head.api_key, head.api_version, injected))
+        self.inflight_ids[corr] = self.inflight_ids.get(corr, 0) + 1
+        if injected is not None:
+            self.injected_waiting += 1
 
     def _held_request(self, head: RequestHead, frame: bytes) -> bool:
         """A whole request a rule may act on. True if client processing must stop for now."""
@@ -753,20 +746,19 @@ class Session:
     def _match(self, corr: int) -> tuple[_Inflight | None, list[bytes]]:
         """The request a response answers, and injected responses due before it."""
         before: list[bytes] = []
-        with self.lock:
-            if corr not in self.inflight_ids:
-                return None, before
-            queue = self.inflight
-            while queue:
-                entry = self._next_inflight()
-                if entry.injected is not None:
-                    before.append(entry.injected)
-                elif entry.correlation_id == corr:
-                    return entry, before
+        if corr not in self.inflight_ids:
+            return None, before
+        queue = self.inflight
+        while queue:
+            entry = self._next_inflight()
+            if entry.injected is not None:
+                before.append(entry.injected)
+            elif entry.correlation_id == corr:
+                return entry, before
         return None, before
 
     def _next_inflight(self) -> _Inflight:
-        """Take the oldest request awaiting a response off the queue (``lock`` held)."""
+        """Take the oldest request awaiting a response off the queue."""
         entry = self.inflight.popleft()
         left = self.inflight_ids[entry.correlation_id] - 1
         if left:
@@ -782,11 +774,10 @@ class Session:
         if not self.injected_waiting or self.b_frame_left or self.b_hold is not None or self.b_head:
             return
         while True:
-            with self.lock:
-                queue = self.inflight
-                if not queue or queue[0].injected is None:
-                    return
-                response = self._next_inflight().injected
+            queue = self.inflight
+            if not queue or queue[0].injected is None:
+                return
+            response = self._next_inflight().injected
             self._to_client(response)
 
     def from_upstream(self, data: bytes) -> None:
@@ -927,8 +918,7 @@ class Session:
             # once the client has sent a request, its answer ends the broker's tokens
             if end - start < 8:
                 return None
-            with self.lock:
-                answers = _I32(buf, start + 4)[0] in self.inflight_ids
+            answers = _I32(buf, start + 4)[0] in self.inflight_ids
             if answers:
                 sasl.server_ended()
                 self.sasl = None
