@@ -304,8 +304,9 @@ def proxy(
             flush=True,
         )
 
-    # The Parquet writer thread holds the GIL while it converts rows; hand it back to the
-    # forwarding loop every millisecond rather than every 5 (Python's default).
+    # A thread beside the loop (the admin endpoint renders /metrics in one; the recorder and its
+    # Parquet writer run in a process of their own) hands the GIL back to the forwarding loop
+    # every millisecond rather than every 5 (Python's default).
     sys.setswitchinterval(0.001)
     try:
         running = Proxy(config)

@@ -6,23 +6,18 @@ copied). The recorder keeps them in a queue bounded in bytes and feeds them to o
 ``KafkaConnection`` per client connection, turning events into rows with
 ``kwire.rows.ExchangeRows`` (the same code ``kwire decode`` uses, so rows look the same).
 
-When it decodes: once a read has been forwarded, the forwarding code calls
-``Recorder.catch_up``. On the event loop that schedules one decoding slice for the end of
-the loop turn, after every connection ready in that turn has had its bytes forwarded (with
-200 connections, decoding after each read kept the connections later in the turn waiting
-for the decoding of all those before them: p50 14-28 ms against 1-8 ms, the same CPU). That
-slice is short (``turn_seconds``, 0.5 ms: a read that comes in meanwhile waits for it), and
-when reads are already waiting behind it in the loop's ready queue it steps behind them a few
-times before it decodes: forwarding goes first. Once more than ``_BACKLOG_ITEMS`` are queued
-(decoding has fallen behind) it takes full slices (``slice_seconds``) and steps behind nothing,
-so a loop that is never idle still decodes. pyarrow's first conversion (it imports pandas,
-~1 s of CPU under the GIL) is done when the recorder is made, not at the first roll. A
-recorder not started on a loop (tests, embedding) decodes the few chunks just queued at once;
-more than a few, a burst it has fallen behind on, is left to the recorder task, which works
-through it in slices of a few milliseconds.
+Who runs it: ``kwire proxy`` runs it in a worker process of its own
+(``proxy.recorder_worker``: the forwarding loop only hands chunks over a pipe; in the proxy's
+process, the writer's conversions held the GIL against the loop and decoding was 11% of it);
+``kwire capture`` runs it in-process, fed from its capture-reading thread while the recorder
+task decodes on the loop, which is what the locks below are for.
 
-Only the event loop calls ``data`` and ``catch_up`` (connections are forwarded on it alone,
-``proxy.server``); the locks kept below guard against the writer thread and embedders.
+When it decodes: the feeding code calls ``Recorder.catch_up`` once it has handed over a read;
+the few chunks just queued are decoded at once; more than a few, a burst it has fallen behind
+on, is left to the recorder task (or the worker's loop), which works through it in slices of a
+few milliseconds, short ones (``turn_seconds``) unless more than ``_BACKLOG_ITEMS`` are queued.
+pyarrow's first conversion (it imports pandas, ~1 s of CPU under the GIL) is done when the
+recorder is made, not at the first roll.
 
 Bounds keep a slow recorder from slowing traffic, and it says when it skips:
 
@@ -52,7 +47,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import sys
 import threading
 import time
 from collections import deque
@@ -73,12 +67,9 @@ _OPEN, _DATA, _GAP, _INJECTED, _CLOSE = range(5)
 
 #: Queued items ``catch_up`` decodes at once; more than that is a backlog for the task.
 _CATCH_UP_ITEMS = 8
-#: How many times in a row a decoding turn on the loop steps behind reads waiting to be forwarded.
-_TURN_DEFERS = 4
-#: Queued items beyond which decoding has fallen behind: the loop then decodes in full slices
-#: (``slice_seconds``) and does not step behind reads. Short, deferred turns kept up with 200
-#: connections x 10 requests/s, but under 175 pipelining connections and 8 producers they left
-#: decoding so little time that it made a fifth of the rows and skipped most of the bytes.
+#: Queued items beyond which decoding has fallen behind: the task then decodes in full slices
+#: (``slice_seconds``). Short slices alone, under 175 pipelining connections and 8 producers,
+#: left decoding so little time that it made a fifth of the rows and skipped most of the bytes.
 _BACKLOG_ITEMS = 64
 #: Rows the writer thread converts to Arrow at once: one conversion holds the GIL throughout,
 #: so this bounds how long the loop can wait for it. Measured on 20,000 rows of a real capture
@@ -89,9 +80,6 @@ _CONVERT_ROWS = 64
 #: ``_ROW_GROUP_ROWS``), between rolls.
 _HANDOFF_SECONDS = 0.5
 _ROW_GROUP_ROWS = 4096
-#: The GIL switch interval while the proxy runs (Python's default is 5 ms): the longest a
-#: thread running Python (the writer, between conversions) keeps the loop waiting for the GIL.
-_SWITCH_INTERVAL = 0.0005
 
 
 #: Statuses that claim something about the wire (no answer, a cut or bad frame, an answer to
@@ -155,6 +143,7 @@ class Recorder:
         turn_seconds: float = 0.0005,
         budget: MemoryBudget | None = None,
         max_lag_seconds: float | None = None,
+        convert_rows: int | None = _CONVERT_ROWS,
     ) -> None:
         self.metrics = metrics
         self.budget = budget or MemoryBudget(0)
@@ -165,20 +154,18 @@ class Recorder:
         self._behind = False
         self._rss_check = 0.0
         self._keep = self.budget.limit // 4  # of the budget, left to the forwarding path
-        self._turn_due = False  # a decoding turn is scheduled on the loop
         self.flush_seconds = flush_seconds
         self.flush_rows = flush_rows
         self.max_queue_bytes = max_queue_bytes
         self.max_pending_rows = max_pending_rows or max(10 * flush_rows, 200_000)
         self.slice_seconds = slice_seconds
-        #: A decoding slice on the loop, after a turn's reads: a read that comes in meanwhile
-        #: waits for it, so it is kept short (the recorder task's slices are ``slice_seconds``).
+        #: The recorder task's slice on the loop while decoding keeps up (a read that comes in
+        #: meanwhile waits for it); ``slice_seconds`` once it has fallen behind.
         self.turn_seconds = turn_seconds
-        self._deferred = 0
-        self._switch_interval: float | None = None
-        # rows converted a few at a time: the writer thread never holds the GIL for long
+        # rows converted a few at a time (``convert_rows``): the writer thread never holds the
+        # GIL for long; a recorder in a process of its own converts a row group at once
         self.writer = (
-            DatasetWriter(out_dir, convert_rows=_CONVERT_ROWS, row_group_rows=_ROW_GROUP_ROWS)
+            DatasetWriter(out_dir, convert_rows=convert_rows, row_group_rows=_ROW_GROUP_ROWS)
             if out_dir is not None
             else None
         )
@@ -239,21 +226,10 @@ class Recorder:
     def catch_up(self) -> None:
         """Decode what was just queued, if it is little; else leave it to the recorder task.
 
-        Called by the forwarding code after it has written what one read brought in. Off
-        the loop (a recorder not started on one) it decodes a few items inline.
+        Called by the feeding code after it has handed over what one read brought in.
         """
         queue = self._queue
         lock = self._decode_lock
-        if self._loop is not None and threading.get_ident() == self._loop_thread:
-            # On the event loop: once this loop turn has forwarded what every ready connection
-            # sent, not after each read (with 200 connections, decoding after each read kept
-            # the connections later in the turn waiting for the decoding of all before them).
-            if queue and not self._turn_due and not self._stopping:
-                self._turn_due = True
-                self._loop.call_soon(self._decode_turn)
-                if self._switch_interval is None:
-                    self._shorten_switch_interval()
-            return
         while queue and not self._stopping:
             if len(queue) > _CATCH_UP_ITEMS:
                 self._poke()  # a backlog: the task takes it in slices
@@ -266,43 +242,6 @@ class Recorder:
                     self._maybe_flush()
             finally:
                 lock.release()
-
-    def _shorten_switch_interval(self) -> None:
-        """The writer thread, the only other thread running Python, may keep the loop waiting
-        for the GIL at most ``_SWITCH_INTERVAL``."""
-        self._switch_interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(self._switch_interval, _SWITCH_INTERVAL))
-
-    def _decode_turn(self) -> None:
-        """The event loop's decoding after a turn's reads: a short slice; the rest on later turns.
-
-        Forwarding goes first: when reads that came in since this turn was scheduled wait
-        behind it in the loop's ready queue, decoding steps behind them (at most
-        ``_TURN_DEFERS`` times in a row, so a loop that is never idle still decodes).
-        """
-        self._turn_due = False
-        if self._stopping:
-            return
-        loop = self._loop
-        backlog = len(self._queue) > _BACKLOG_ITEMS
-        ready = getattr(loop, "_ready", None)  # asyncio's loops; uvloop has none
-        if ready and not backlog and self._deferred < _TURN_DEFERS:
-            self._deferred += 1
-            self._turn_due = True
-            loop.call_soon(self._decode_turn)  # type: ignore[union-attr]
-            return
-        self._deferred = 0
-        if not self._decode_lock.acquire(blocking=False):
-            return
-        try:
-            self._process(self.slice_seconds if backlog else self.turn_seconds)
-            if len(self._rows) >= self.flush_rows:
-                self._maybe_flush()
-        finally:
-            self._decode_lock.release()
-        if self._queue and self._loop is not None:
-            self._turn_due = True
-            self._loop.call_soon(self._decode_turn)
 
     def injected(self, key: int, correlation_id: int) -> None:
         self._queue.append((_INJECTED, key, correlation_id))
@@ -597,8 +536,6 @@ class Recorder:
             rolled, self._unrolled = self._unrolled + len(rows), 0
             await asyncio.wrap_future(self._executor.submit(self._write, rows, conn_rows, rolled))
         self._executor.shutdown(wait=True)
-        if self._switch_interval is not None:
-            sys.setswitchinterval(self._switch_interval)
 
     @property
     def queued_items(self) -> int:

@@ -18,8 +18,10 @@ import pytest
 from decoder.connection import KafkaConnection
 from kwire.rows import ConnectionInfo, ExchangeRows
 from proxy import recorder as recorder_module
+from proxy.budget import MemoryBudget
 from proxy.metrics import Metrics
 from proxy.recorder import Recorder
+from proxy.recorder_worker import RecorderProcess
 from proxy.streams import capture_streams, split_frames
 
 CAPTURE = Path(__file__).resolve().parents[1] / "captures" / "tansu-mixed.pcap"
@@ -61,23 +63,23 @@ def _expected_rows() -> int:
 EXPECTED_ROWS = _expected_rows()
 
 
-def _feed(recorder: Recorder, catch_up: bool, connections: int | None = None) -> None:
+def _feed(recorder: Recorder, catch_up: bool, connections: int | None = None, base: int = 0) -> None:
     for key, info, chunks in CONNECTIONS[:connections]:
-        recorder.open(key, info, 0)
+        recorder.open(key, info, base)
         for ts, (direction, frame) in enumerate(chunks, 1):
-            recorder.data(key, direction, frame, ts * 1000)
+            recorder.data(key, direction, frame, base + ts * 1000)
             if catch_up:
                 recorder.catch_up()
 
 
-def _close(recorder: Recorder) -> None:
+def _close(recorder: Recorder, base: int = 0) -> None:
     for key, _, _ in CONNECTIONS:
-        recorder.close(key, END_NS, "fin", {})
+        recorder.close(key, base + END_NS, "fin", {})
 
 
-def _close_and_write(recorder: Recorder) -> None:
+def _close_and_write(recorder: Recorder, base: int = 0) -> None:
     """Close every connection, decode everything and write it, as ``Recorder.stop`` would."""
-    _close(recorder)
+    _close(recorder, base)
     recorder._process(None)
     recorder._maybe_flush(force=True)
     recorder._writing.result()  # type: ignore[union-attr]
@@ -178,56 +180,6 @@ def test_who_ended_a_connection_is_recorded_when_the_proxy_says(tmp_path: Path) 
     assert (got[f"c-{second}"]["ended_by"], got[f"c-{second}"]["end_time"]) == (None, None)
 
 
-# ---- on the event loop: forwarding first --------------------------------------------------
-
-
-def _on_loop(connections: list[tuple[int, ConnectionInfo, Chunks]]) -> tuple[list[int], int, int]:
-    """Queue ``connections``' chunks on a running loop as reads would, ask for a catch-up, and
-    note how many items are still queued when a callback made ready just after them runs (a read
-    of the next loop turn) and once the recorder is idle. Also: how many were queued, rows made."""
-    seen: list[int] = []
-
-    async def run() -> tuple[int, int]:
-        recorder = Recorder(None, Metrics())
-        recorder.start()
-        loop = asyncio.get_running_loop()
-        for key, info, chunks in connections:
-            recorder.open(key, info, time.time_ns())
-            for direction, frame in chunks:
-                recorder.data(key, direction, frame, time.time_ns())
-        queued = recorder.queued_items
-        recorder.catch_up()  # on the loop: a decoding turn is scheduled, nothing decoded now
-        seen.append(recorder.queued_items)
-        loop.call_soon(lambda: seen.append(recorder.queued_items))
-        deadline = time.monotonic() + 10
-        while recorder.queued_items and time.monotonic() < deadline:
-            await asyncio.sleep(0.001)
-        seen.append(recorder.queued_items)
-        await recorder.stop()
-        return queued, recorder.rows_total
-
-    queued, rows = asyncio.run(run())
-    return seen, queued, rows
-
-
-def test_on_the_loop_decoding_steps_behind_the_reads_of_the_next_turn() -> None:
-    """A few chunks queued: the next turn's reads are forwarded before any of them is decoded."""
-    small = [c for c in CONNECTIONS if len(c[2]) >= 8][:2]
-    seen, queued, rows = _on_loop(small)
-    assert queued <= recorder_module._BACKLOG_ITEMS
-    assert seen[:2] == [queued, queued]  # the callback ran first; nothing was decoded before it
-    assert seen[2] == 0 and rows > 0  # then it was all decoded, without the recorder task's help
-
-
-def test_on_the_loop_a_backlog_is_decoded_before_more_reads() -> None:
-    """Decoding behind (more than ``_BACKLOG_ITEMS`` queued): it takes its slice first, so a
-    loop that is never idle cannot starve it."""
-    seen, queued, rows = _on_loop(CONNECTIONS)
-    assert queued > recorder_module._BACKLOG_ITEMS
-    assert seen[0] == queued and seen[1] < queued  # a slice was decoded before the callback ran
-    assert seen[2] == 0 and rows > 0
-
-
 def test_rows_handed_to_the_writer_between_rolls_are_published_and_counted_at_the_roll(
     tmp_path: Path,
 ) -> None:
@@ -247,3 +199,87 @@ def test_rows_handed_to_the_writer_between_rolls_are_published_and_counted_at_th
     _close_and_write(recorder)  # the roll: the rows handed over before it and those since
     assert metrics.rows_written == recorder.rows_recorded == EXPECTED_ROWS and metrics.files_rolled == 1
     assert ds.dataset(tmp_path / "exchanges", partitioning="hive").count_rows() == EXPECTED_ROWS
+
+
+# ---- the proxy's recorder process -------------------------------------------------------------
+
+
+def _through_worker(
+    out: Path | None, metrics: Metrics, base: int, catch_up: bool = True, **options: Any
+) -> RecorderProcess:
+    """``CONNECTIONS`` fed to a ``RecorderProcess`` on a loop, as the forwarding code would,
+    their time counted from ``base`` (the worker skips chunks that lag too far behind the
+    clock); without ``catch_up`` nothing is sent before ``stop``."""
+
+    async def run() -> RecorderProcess:
+        recorder = RecorderProcess(out, metrics, **options)
+        await recorder.start()
+        for key, info, chunks in CONNECTIONS:
+            recorder.open(key, info, base)
+            for ts, (direction, frame) in enumerate(chunks, 1):
+                recorder.data(key, direction, memoryview(frame), base + ts * 1000)  # any buffer
+                if catch_up:
+                    recorder.catch_up()
+            recorder.close(key, base + END_NS, "fin", {})  # sent within a few ms, or at stop
+            if catch_up:
+                await asyncio.sleep(0)
+        await recorder.stop()
+        return recorder
+
+    return asyncio.run(run())
+
+
+def test_the_worker_process_makes_the_rows_and_metrics_the_recorder_makes(tmp_path: Path) -> None:
+    base = time.time_ns()
+    inline = Metrics()
+    recorder = Recorder(tmp_path / "inline", inline)
+    _feed(recorder, catch_up=False, base=base)
+    _close_and_write(recorder, base)
+    metrics = Metrics()
+    worker = _through_worker(tmp_path / "worker", metrics, base, flush_seconds=0.2)
+    assert worker.rows_total == worker.rows_recorded == EXPECTED_ROWS
+    assert metrics.rows_recorded == metrics.rows_written == EXPECTED_ROWS and metrics.files_rolled >= 1
+    drop = {"source", "connection_id"}
+    for table in ("exchanges", "connections"):
+        made = [{k: v for k, v in row.items() if k not in drop} for row in _table(tmp_path / "worker", table)]
+        expected = [
+            {k: v for k, v in row.items() if k not in drop} for row in _table(tmp_path / "inline", table)
+        ]
+        key = lambda row: sorted((k, repr(v)) for k, v in row.items())  # noqa: E731
+        assert sorted(made, key=key) == sorted(expected, key=key), table
+    # the metric deltas the worker shipped add up to what the same rows make in-process
+    assert metrics.latency == inline.latency and metrics.errors == inline.errors
+    assert metrics.latency_sum == pytest.approx(inline.latency_sum)
+    assert not metrics.dropped_bytes and not metrics.gap_rows
+
+
+def test_the_worker_process_bounds_its_queue_with_gaps(tmp_path: Path) -> None:
+    """Chunks waiting to be sent beyond the queue's bound (here: nothing sent while the loop
+    feeds it) are skipped as counted gaps, and no row claims what the recorder did not see."""
+    metrics = Metrics()
+    budget = MemoryBudget(4 * TOTAL_BYTES)
+    _through_worker(
+        tmp_path, metrics, time.time_ns(), catch_up=False, max_queue_bytes=TOTAL_BYTES // 8, budget=budget
+    )
+    assert metrics.dropped_bytes > 0
+    connections = _table(tmp_path, "connections")
+    assert (
+        sum(c["gap_bytes_to_broker"] + c["gap_bytes_to_client"] for c in connections) >= metrics.dropped_bytes
+    )
+    statuses = [row["status"] for row in _table(tmp_path, "exchanges")]
+    assert statuses.count("gap") == metrics.gap_rows
+    assert budget.used == 0  # everything taken was given back
+
+
+def test_metric_deltas_add_up() -> None:
+    source, target = Metrics(), Metrics()
+    source.observe_response(0, 0.003, [6, 56])
+    source.observe_response(0, 0.5, [])
+    source.add("gap_rows", 2)
+    target.observe_response(0, 0.003, [6])
+    target.merge(source.take_recorded())
+    source.observe_response(3, None, [999_999])  # an unknown code: "other", bounded
+    target.merge(source.take_recorded())
+    assert sum(target.latency[0]) == 3 and target.errors[(0, 6)] == 2 and target.errors[(0, 56)] == 1
+    assert target.gap_rows == 2 and source.gap_rows == 0 and not source.latency
+    assert len(target.errors) == 3
