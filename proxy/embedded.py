@@ -181,6 +181,20 @@ class ProxyProcess:
                 return None
         return self.proc.returncode
 
+    def children(self) -> list[int]:
+        """Process ids of the proxy's children (its recorder process, ``proxy.recorder_worker``)."""
+        assert self.proc is not None
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    parent = (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
+                except OSError:  # gone meanwhile
+                    continue
+                if parent == str(self.proc.pid):
+                    found.append(int(entry.name))
+        return found
+
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()

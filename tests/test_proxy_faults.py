@@ -219,6 +219,14 @@ def test_200_concurrent_connections_keep_their_order(tansu: TansuBroker, tmp_pat
         assert metrics.dropped_bytes > 0
 
 
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie no longer does: nothing may have reaped it yet)."""
+    try:
+        return (Path(f"/proc/{pid}/stat")).read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_output_readable_after_proxy_sigkill(tansu: TansuBroker, tmp_path: Path) -> None:
     out = tmp_path / "ds"
     proc = ProxyProcess(
@@ -243,10 +251,16 @@ def test_output_readable_after_proxy_sigkill(tansu: TansuBroker, tmp_path: Path)
                 s.sendall(api_versions_v0(sent, b"sigkill"))
                 read_frame(s)
                 sent += 1
+            workers = proc.children()  # the recorder process
             proc.proc.kill()  # SIGKILL while traffic flows
             proc.proc.wait(10)
     finally:
         proc.kill()
+    assert len(workers) == 1
+    deadline = time.monotonic() + 30  # it is killed with the proxy: no process is left behind
+    while _alive(workers[0]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(workers[0])
     files = sorted(out.rglob("*.parquet"))
     assert files, "no file was rolled before the kill"
     for path in files:
