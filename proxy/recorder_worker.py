@@ -4,14 +4,16 @@ Decoding (``decoder.connection.KafkaConnection``), rows (``kwire.rows.ExchangeRo
 Parquet writer (``kwire.dataset.DatasetWriter``) all run in ``proxy.recorder.Recorder``, the
 same code the passive sidecar (``kwire capture``) runs in-process. Here that ``Recorder`` runs
 in a worker process (``python -m proxy.recorder_worker``), so none of its CPU, and none of the
-writer thread's hold on the GIL, lands on the forwarding loop. Measured in the same
-process, the writer's dict-to-Arrow conversion and zstd cost ~25 us of CPU a row in a thread
-competing with the loop for the GIL, and decoding was 11% of the loop: added p50 at 200
-connections was 6.4x the bare asyncio forwarder's, p99 4.0x (issue 18).
+writer thread's hold on the GIL, lands on the forwarding loop. In the proxy's process, the
+writer's dict-to-Arrow conversion and zstd cost ~25 us of CPU a row in a thread competing
+with the loop for the GIL, and decoding was 11% of the loop: at 200 connections x 10
+requests/s kwire added 15.8 ms to p50 where the bare asyncio forwarder added none (median of
+3 rounds; issue 18). What it gives, and what it costs, is in the README's "Overhead".
 
 What the loop does (``RecorderProcess``): ``open``/``data``/``gap``/``injected``/``close`` append
-an item to a batch (the chunk object itself); once per loop turn (``catch_up`` schedules it)
-the batch is pickled and written to the worker's pipe, non-blocking. What the pipe does not
+an item to a batch (the chunk object itself); every ``_SEND_SECONDS`` (``catch_up`` schedules
+it; sooner once ``_SEND_BYTES`` wait) the batch is pickled and written to the worker's pipe,
+non-blocking. What the pipe does not
 take at once waits, and the bytes waiting are bounded (``max_queue_bytes``, and taken from the
 memory budget): a chunk beyond that is sent as a gap (counted in ``dropped_bytes``), and the
 worker's decoder resynchronises as after a lost packet, so rows never claim what it skipped.
@@ -80,6 +82,8 @@ _PR_SET_PDEATHSIG = 1
 _SEND_SECONDS = 0.01
 _SEND_BYTES = 256 << 10
 _NOW = object()
+#: What the worker reads from its pipe before it decodes a slice.
+_READ_BYTES = 8 << 20
 #: The worker's nice value: on a busy machine the kernel runs the forwarding loop (and the
 #: broker and clients beside it) first; the worker takes the CPU left. When that is too little,
 #: it falls behind and skips, counted, as any recorder that falls behind.
@@ -149,6 +153,7 @@ class RecorderProcess:
         self._send_due: Any = None
         self._writer_on = False
         self._worker_held = 0  # what the worker reported holding, charged to the budget
+        self._rss_check = 0.0
         self._reports = bytearray()
         self._proc: subprocess.Popen[bytes] | None = None
         self._to_worker = -1
@@ -323,6 +328,19 @@ class RecorderProcess:
         metrics.rows_recorded = self.rows_recorded
         metrics.recorder_queue_bytes = self.worker_queue_bytes + self._waiting
         metrics.held_bytes = self.budget.used
+        self._release_memory()
+
+    def _release_memory(self) -> None:
+        """What the recorder task did in the proxy's process: hand freed memory back once the
+        load has ebbed, or when RSS passes the budget (see ``proxy.budget``)."""
+        budget = self.budget
+        if not self._waiting and budget.used < budget.limit // 8:
+            release_free_memory()  # at most every 5 s
+        now = time.monotonic()
+        if now >= self._rss_check:
+            self._rss_check = now + 0.5
+            if budget.rss_over():
+                release_free_memory(0.5)
 
     def _worker_died(self, why: str) -> None:
         """Chunks from now on are gaps, counted (the proxy goes on forwarding)."""
@@ -448,8 +466,14 @@ def _worker(read_fd: int, write_fd: int) -> int:
         busy = recorder.queued_items > 0
         readable, _, _ = select.select([read_fd], [], [], 0 if busy else _REPORT_SECONDS)
         if readable:
+            # up to 8 MB at a time, and a message larger than that whole (a loop turn that read
+            # 16 connections' 1 MB chunks sends one of 16 MB: reading stopped short of its end
+            # stalled the worker for good)
+            want = _READ_BYTES
+            if len(buffer) >= 4:
+                want = max(want, 4 + _LENGTH.unpack_from(buffer)[0])
             try:
-                while len(buffer) < 8 << 20:
+                while len(buffer) < want:
                     chunk = os.read(read_fd, 1 << 20)
                     if not chunk:
                         eof = True

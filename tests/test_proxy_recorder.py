@@ -8,6 +8,7 @@ against a ``KafkaConnection`` fed the same bytes directly (the decoder the recor
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 from pathlib import Path
 from typing import Any
@@ -205,7 +206,12 @@ def test_rows_handed_to_the_writer_between_rolls_are_published_and_counted_at_th
 
 
 def _through_worker(
-    out: Path | None, metrics: Metrics, base: int, catch_up: bool = True, **options: Any
+    out: Path | None,
+    metrics: Metrics,
+    base: int,
+    catch_up: bool = True,
+    connections: list[tuple[int, ConnectionInfo, Chunks]] = CONNECTIONS,
+    **options: Any,
 ) -> RecorderProcess:
     """``CONNECTIONS`` fed to a ``RecorderProcess`` on a loop, as the forwarding code would,
     their time counted from ``base`` (the worker skips chunks that lag too far behind the
@@ -214,7 +220,7 @@ def _through_worker(
     async def run() -> RecorderProcess:
         recorder = RecorderProcess(out, metrics, **options)
         await recorder.start()
-        for key, info, chunks in CONNECTIONS:
+        for key, info, chunks in connections:
             recorder.open(key, info, base)
             for ts, (direction, frame) in enumerate(chunks, 1):
                 recorder.data(key, direction, memoryview(frame), base + ts * 1000)  # any buffer
@@ -283,3 +289,18 @@ def test_metric_deltas_add_up() -> None:
     assert sum(target.latency[0]) == 3 and target.errors[(0, 6)] == 2 and target.errors[(0, 56)] == 1
     assert target.gap_rows == 2 and source.gap_rows == 0 and not source.latency
     assert len(target.errors) == 3
+
+
+def test_a_batch_larger_than_the_workers_reads_goes_through(tmp_path: Path) -> None:
+    """16 MB sent in one message (one loop turn's chunks, e.g. 16 connections' 1 MB reads): the
+    worker reads 8 MB at a time, and reads on to the end of a larger message."""
+    size = 16 << 20
+    head = struct.pack(">hhih", 0, 3, 1, 3) + b"big"
+    frame = struct.pack(">i", len(head) + size) + head + bytes(size)
+    big = (999, ConnectionInfo("test", "big", "127.0.0.1", 1, "127.0.0.1", 9092), [(0, frame)])
+    metrics = Metrics()
+    worker = _through_worker(
+        tmp_path, metrics, time.time_ns(), catch_up=False, connections=[big, *CONNECTIONS]
+    )
+    assert not metrics.dropped_bytes
+    assert worker.rows_total == EXPECTED_ROWS + 1  # the big request too, unanswered
