@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallel", type=int, default=2, help="kwire jobs at once (as kwire analyze: 2)")
     parser.add_argument("--only", default=None)
     parser.add_argument("--rules", action="store_true", help="print the time Catalyst spent per rule")
+    parser.add_argument("--conf", action="append", default=[], help="KEY=VALUE: one more Spark setting")
     parser.add_argument("--jvm-options", default=None, help="instead of the small-data JIT/GC options")
     args = parser.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="kwire-profile-"))
@@ -143,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             "spark.eventLog.enabled": "true",
             "spark.eventLog.dir": events.as_uri(),
             "spark.eventLog.compress": "false",
+            **dict(kv.split("=", 1) for kv in args.conf),
         },
     )
     session_s = time.perf_counter() - t0

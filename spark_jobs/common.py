@@ -9,6 +9,7 @@ Runs decoded together keep their own ``source``, so one client id in two runs is
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ from pathlib import Path
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
-from pyspark.sql.types import StructType
+from pyspark.sql.types import ArrayType, StructType, _parse_datatype_string
 
 from decoder.protocol import API_NAMES, ERRORS
 from kwire.schema import CONNECTIONS_SCHEMA, EXCHANGES_SCHEMA
@@ -38,7 +39,9 @@ __all__ = [
     "has_error",
     "histogram_quantiles",
     "latency_histogram",
+    "load_table",
     "load_tables",
+    "local_frame",
     "materialize",
     "micros_between",
     "name_topics",
@@ -78,31 +81,36 @@ class Tables:
     connections: DataFrame
 
 
+def local_frame(spark: SparkSession, rows: list[tuple], schema: StructType | str) -> DataFrame:
+    """A small DataFrame of ``rows`` (tuples in the order of ``schema``'s fields), made in the
+    JVM from one JSON literal. ``createDataFrame`` sends local rows through a Python worker: a
+    run's first one started the worker daemon, 1-10 s of wall time on a loaded 2-core machine."""
+    if isinstance(schema, str):
+        schema = _parse_datatype_string(schema)
+    text = json.dumps([dict(zip(schema.fieldNames(), row, strict=True)) for row in rows])
+    return spark.range(1).select(F.inline(F.from_json(F.lit(text), ArrayType(schema))))
+
+
 def _read_table(spark: SparkSession, root: Path, name: str, schema: StructType) -> DataFrame:
     base = root / name
     if not base.is_dir() or not any(base.rglob("*.parquet")):
-        return spark.createDataFrame([], schema)
+        return local_frame(spark, [], schema)
     # An explicit schema keeps every type (and the string `date`) the same whatever the files hold.
     return spark.read.schema(schema).option("basePath", str(base)).parquet(str(base))
 
 
+def load_table(spark: SparkSession, dataset: str | Path, name: str) -> DataFrame:
+    """Read ``DATASET/<name>``, ``exchanges`` or ``connections`` (a missing table reads as empty)."""
+    schema = {"exchanges": exchanges_spark_schema, "connections": connections_spark_schema}[name]()
+    if "://" in str(dataset):  # a cluster path (hdfs://, s3a://): let Spark list it
+        base = f"{str(dataset).rstrip('/')}/{name}"
+        return spark.read.option("basePath", base).schema(schema).parquet(base)
+    return _read_table(spark, Path(dataset), name, schema)
+
+
 def load_tables(spark: SparkSession, dataset: str | Path) -> Tables:
     """Read ``DATASET/exchanges`` and ``DATASET/connections`` (a missing table reads as empty)."""
-    root = Path(dataset)
-    if "://" in str(dataset):  # a cluster path (hdfs://, s3a://): let Spark list it
-        base = str(dataset).rstrip("/")
-        read = spark.read.option("basePath", f"{base}/exchanges")
-        ex = read.schema(exchanges_spark_schema()).parquet(f"{base}/exchanges")
-        co = (
-            spark.read.option("basePath", f"{base}/connections")
-            .schema(connections_spark_schema())
-            .parquet(f"{base}/connections")
-        )
-        return Tables(ex, co)
-    return Tables(
-        _read_table(spark, root, "exchanges", exchanges_spark_schema()),
-        _read_table(spark, root, "connections", connections_spark_schema()),
-    )
+    return Tables(load_table(spark, dataset, "exchanges"), load_table(spark, dataset, "connections"))
 
 
 def combine_runs(tables: Tables) -> Tables:
@@ -143,7 +151,7 @@ def release(df: DataFrame) -> None:
 
 
 def empty_exchanges(spark: SparkSession) -> DataFrame:
-    return spark.createDataFrame([], exchanges_spark_schema())
+    return local_frame(spark, [], exchanges_spark_schema())
 
 
 def client_key() -> Column:

@@ -24,7 +24,15 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from spark_jobs.common import client_key, client_software, error_name, has_error, materialize, ordered
+from spark_jobs.common import (
+    client_key,
+    client_software,
+    error_name,
+    has_error,
+    local_frame,
+    materialize,
+    ordered,
+)
 from spark_jobs.metadata_refresh import leadership_changes
 
 __all__ = ["BUCKET_STEPS_S", "bucket_width", "run"]
@@ -98,7 +106,7 @@ def _sources(exchanges: DataFrame, connections: DataFrame, max_buckets: int) -> 
         for r in rows
     ]
     spark = exchanges.sparkSession
-    width_df = spark.createDataFrame(widths or [("", 1.0)], "source string, bucket_s double")
+    width_df = local_frame(spark, widths or [("", 1.0)], "source string, bucket_s double")
     return spans.join(width_df, "source")
 
 

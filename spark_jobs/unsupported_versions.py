@@ -24,7 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
-from spark_jobs.common import attach_software, client_key, event_time, materialize, ordered
+from spark_jobs.common import attach_software, client_key, event_time, local_frame, materialize, ordered
 from spark_jobs.kafka_versions import API_VERSIONS_KEY, BrokerVersions
 
 __all__ = ["audit_release", "release_table", "run", "unsupported_versions"]
@@ -56,7 +56,7 @@ _GROUP = [
 
 def release_table(spark: SparkSession, versions: BrokerVersions, releases: list[str]) -> DataFrame:
     """The accepted (and advertised) ranges of ``releases`` as a small DataFrame."""
-    return spark.createDataFrame(versions.rows(releases), _RELEASE_SCHEMA)
+    return local_frame(spark, versions.rows(releases), _RELEASE_SCHEMA)
 
 
 def _request_rows(exchanges: DataFrame) -> DataFrame:
