@@ -6,7 +6,10 @@ For each size it synthesizes a dataset (vectorised with numpy/pyarrow, written i
 layout), runs every Spark job on ``local[2]`` writing their Parquet results, and runs the same
 headline queries on Spark SQL and on DuckDB over the same files as a reference. Prints rows/s
 and how the time grows from one size to the next. Target: 10M rows analysed in under 2 minutes
-on 2 cores.
+on 2 cores. The per-result times are the writes only: shared intermediates are computed
+(checkpointed) while the jobs build their results. For each job's Spark jobs and task time from
+Spark's event log: ``--keep --workdir DIR``, then ``bench/analyze_profile.py DIR/ds_<N>
+--master local[2]`` (with ``KWIRE_SPARK_PROFILE=large``, as here).
 
 The mix: 60 clients (Java, librdkafka, sarama, kafka-python, some that announce no software;
 one client id shared by three hosts), 3 brokers, Produce/Fetch-heavy traffic with Metadata,

@@ -100,17 +100,23 @@ def _mentions(query: str | None) -> set[str] | None:
 def register_views(spark, dataset: Path, query: str | None = None) -> list[str]:
     """Temp views in ``spark``: exchanges, connections, partition_errors and one per result.
 
-    With ``query``, a result folder is only read (a file listing and a footer read each) when
-    the query names it: a cold ``kwire sql`` then does not pay for twenty results it never reads.
+    With ``query``, a table is only read (a file listing, a footer read, a plan analysed) when
+    the query names it: a cold ``kwire sql`` then does not pay for tables it never reads.
     """
-    from spark_jobs.common import load_tables
+    from spark_jobs.common import load_table
 
-    tables = load_tables(spark, dataset)
-    tables.exchanges.createOrReplaceTempView("exchanges")
-    tables.connections.createOrReplaceTempView("connections")
-    spark.sql(_PARTITION_ERRORS_SQL).createOrReplaceTempView("partition_errors")
-    views = ["exchanges", "connections", "partition_errors"]
     wanted = _mentions(query)
+
+    def named(*names: str) -> bool:
+        return wanted is None or any(n in wanted for n in names)
+
+    if named("exchanges", "partition_errors"):  # the partition_errors view reads exchanges
+        load_table(spark, dataset, "exchanges").createOrReplaceTempView("exchanges")
+    if named("connections"):
+        load_table(spark, dataset, "connections").createOrReplaceTempView("connections")
+    if named("partition_errors"):
+        spark.sql(_PARTITION_ERRORS_SQL).createOrReplaceTempView("partition_errors")
+    views = ["exchanges", "connections", "partition_errors"]
     for name, folder in _result_dirs(dataset).items():
         if wanted is None or name.lower() in wanted:
             spark.read.parquet(str(folder)).createOrReplaceTempView(name)

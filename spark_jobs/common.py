@@ -9,13 +9,15 @@ Runs decoded together keep their own ``source``, so one client id in two runs is
 
 from __future__ import annotations
 
+import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
-from pyspark.sql.types import StructType
+from pyspark.sql.types import ArrayType, StructType, _parse_datatype_string
 
 from decoder.protocol import API_NAMES, ERRORS
 from kwire.schema import CONNECTIONS_SCHEMA, EXCHANGES_SCHEMA
@@ -37,12 +39,16 @@ __all__ = [
     "has_error",
     "histogram_quantiles",
     "latency_histogram",
+    "load_table",
     "load_tables",
+    "local_frame",
+    "materialize",
     "micros_between",
     "name_topics",
     "next_time_after",
     "ordered",
     "partition_results",
+    "release",
     "topic_names",
     "with_window_end",
 ]
@@ -75,31 +81,36 @@ class Tables:
     connections: DataFrame
 
 
+def local_frame(spark: SparkSession, rows: list[tuple], schema: StructType | str) -> DataFrame:
+    """A small DataFrame of ``rows`` (tuples in the order of ``schema``'s fields), made in the
+    JVM from one JSON literal. ``createDataFrame`` sends local rows through a Python worker: a
+    run's first one started the worker daemon, 1-10 s of wall time on a loaded 2-core machine."""
+    if isinstance(schema, str):
+        schema = _parse_datatype_string(schema)
+    text = json.dumps([dict(zip(schema.fieldNames(), row, strict=True)) for row in rows])
+    return spark.range(1).select(F.inline(F.from_json(F.lit(text), ArrayType(schema))))
+
+
 def _read_table(spark: SparkSession, root: Path, name: str, schema: StructType) -> DataFrame:
     base = root / name
     if not base.is_dir() or not any(base.rglob("*.parquet")):
-        return spark.createDataFrame([], schema)
+        return local_frame(spark, [], schema)
     # An explicit schema keeps every type (and the string `date`) the same whatever the files hold.
     return spark.read.schema(schema).option("basePath", str(base)).parquet(str(base))
 
 
+def load_table(spark: SparkSession, dataset: str | Path, name: str) -> DataFrame:
+    """Read ``DATASET/<name>``, ``exchanges`` or ``connections`` (a missing table reads as empty)."""
+    schema = {"exchanges": exchanges_spark_schema, "connections": connections_spark_schema}[name]()
+    if "://" in str(dataset):  # a cluster path (hdfs://, s3a://): let Spark list it
+        base = f"{str(dataset).rstrip('/')}/{name}"
+        return spark.read.option("basePath", base).schema(schema).parquet(base)
+    return _read_table(spark, Path(dataset), name, schema)
+
+
 def load_tables(spark: SparkSession, dataset: str | Path) -> Tables:
     """Read ``DATASET/exchanges`` and ``DATASET/connections`` (a missing table reads as empty)."""
-    root = Path(dataset)
-    if "://" in str(dataset):  # a cluster path (hdfs://, s3a://): let Spark list it
-        base = str(dataset).rstrip("/")
-        read = spark.read.option("basePath", f"{base}/exchanges")
-        ex = read.schema(exchanges_spark_schema()).parquet(f"{base}/exchanges")
-        co = (
-            spark.read.option("basePath", f"{base}/connections")
-            .schema(connections_spark_schema())
-            .parquet(f"{base}/connections")
-        )
-        return Tables(ex, co)
-    return Tables(
-        _read_table(spark, root, "exchanges", exchanges_spark_schema()),
-        _read_table(spark, root, "connections", connections_spark_schema()),
-    )
+    return Tables(load_table(spark, dataset, "exchanges"), load_table(spark, dataset, "connections"))
 
 
 def combine_runs(tables: Tables) -> Tables:
@@ -118,8 +129,29 @@ def combine_runs(tables: Tables) -> Tables:
     return Tables(one(tables.exchanges), one(tables.connections))
 
 
+def materialize(df: DataFrame) -> DataFrame:
+    """``df`` computed now and kept (in memory, else on local disk), as a DataFrame whose plan
+    is one leaf: for an intermediate that several results read.
+
+    ``cache()`` keeps the rows but not the plan: a DataFrame built on a cached one still carries
+    its whole plan, once per use, and Spark analyses that plan again at every step that builds
+    on it (PySpark analyses each DataFrame as it is made) and optimises it for every action.
+    Built on cached intermediates, ``error_reaction``'s results had 1,700 plan nodes and
+    ``old_broker_drops`` 3,400; analysing and planning them was most of a small run's time.
+    A local checkpoint cuts the plan where the rows are kept."""
+    return df.localCheckpoint(eager=True)
+
+
+def release(df: DataFrame) -> None:
+    """Drop the rows :func:`materialize` kept for ``df`` (else they go when the JVM collects
+    the DataFrame)."""
+    plan = df._jdf.queryExecution().analyzed()
+    if plan.getClass().getSimpleName() == "LogicalRDD":
+        plan.rdd().unpersist(False)
+
+
 def empty_exchanges(spark: SparkSession) -> DataFrame:
-    return spark.createDataFrame([], exchanges_spark_schema())
+    return local_frame(spark, [], exchanges_spark_schema())
 
 
 def client_key() -> Column:
@@ -145,49 +177,48 @@ def client_software(exchanges: DataFrame) -> DataFrame:
     comma-joined. Null when the client never sent ApiVersions v3+. Computed once per
     ``exchanges`` DataFrame and cached (every job attaches it).
     """
-    cached = _SOFTWARE.get(id(exchanges))
-    if cached is not None and cached[0] is exchanges:
-        return cached[1]
+    with _SOFTWARE_LOCK:  # jobs run in threads: the first one computes it, the others wait
+        cached = _SOFTWARE.get(id(exchanges))
+        if cached is not None and cached[0] is exchanges:
+            return cached[1]
 
-    def joined(column: str) -> Column:
-        values = F.array_sort(F.collect_set(column))
-        return F.when(F.size(values) > 0, F.array_join(values, ","))
+        def joined(column: str) -> Column:
+            values = F.array_sort(F.collect_set(column))
+            return F.when(F.size(values) > 0, F.array_join(values, ","))
 
-    distinct = (
-        exchanges.where(F.col("status") != "orphan_response")
-        .select(
-            client_key().alias("client_key"),
-            "source",
-            "client_id",
-            "client_ip",
-            "client_software_name",
-            "client_software_version",
+        distinct = (
+            exchanges.where(F.col("status") != "orphan_response")
+            .select(
+                client_key().alias("client_key"),
+                "source",
+                "client_id",
+                "client_ip",
+                "client_software_name",
+                "client_software_version",
+            )
+            .distinct()
         )
-        .distinct()
-    )
-    software = (
-        distinct.groupBy("client_key")
-        .agg(
+        software = distinct.groupBy("client_key").agg(
             F.first("source", ignorenulls=True).alias("source"),
             F.first("client_id", ignorenulls=True).alias("client_id"),
             F.first("client_ip", ignorenulls=True).alias("client_ip"),
             joined("client_software_name").alias("client_software_name"),
             joined("client_software_version").alias("client_software_version"),
         )
-        .cache()
-    )
-    _SOFTWARE[id(exchanges)] = (exchanges, software)
-    return software
+        software = materialize(software)
+        _SOFTWARE[id(exchanges)] = (exchanges, software)
+        return software
 
 
 _SOFTWARE: dict[int, tuple[DataFrame, DataFrame]] = {}
+_SOFTWARE_LOCK = threading.Lock()
 
 
 def forget_cached_software() -> None:
     """Drop the per-``exchanges`` software tables :func:`client_software` keeps (and the
     DataFrames they hold on to), e.g. between analyses in one long-lived session."""
     for _exchanges, software in _SOFTWARE.values():
-        software.unpersist()
+        release(software)
     _SOFTWARE.clear()
 
 

@@ -32,6 +32,7 @@ from spark_jobs.common import (
     event_time,
     histogram_quantiles,
     latency_histogram,
+    materialize,
     micros_between,
     ordered,
 )
@@ -231,7 +232,7 @@ def latency(exchanges: DataFrame) -> DataFrame:
     )
     api_keys = ["api_key"]
     broker_keys = [*api_keys, "broker_ip", "broker_port"]
-    histogram = latency_histogram(ok, [*broker_keys, "client_key"]).cache()  # three scopes read it
+    histogram = materialize(latency_histogram(ok, [*broker_keys, "client_key"]))  # three scopes read it
 
     def stats(keys: list[str]) -> DataFrame:
         out = histogram_quantiles(histogram, keys, {"p50_ms": 0.5, "p99_ms": 0.99}, scale=1e-3)
@@ -280,7 +281,7 @@ def latency(exchanges: DataFrame) -> DataFrame:
 
 
 def run(tables, *, short_s=10.0, **_):
-    conns = per_connection(tables.exchanges, tables.connections).cache()  # two results use it
+    conns = materialize(per_connection(tables.exchanges, tables.connections))  # two results use it
     return {
         "connection_health": ordered(
             client_connection_health(conns, tables.exchanges, short_s=short_s),

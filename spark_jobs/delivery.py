@@ -51,6 +51,8 @@ batch that did not simply get acked once and fetched (the evidence behind the co
 
 from __future__ import annotations
 
+import threading
+
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
@@ -58,6 +60,7 @@ from spark_jobs.common import (
     attach_software,
     client_key,
     error_name,
+    materialize,
     name_topics,
     next_time_after,
     ordered,
@@ -462,7 +465,7 @@ def inferred_resends(
     )
     leads = F.when(F.col("_known").isNotNull(), to_leader).otherwise(F.col("resend_acked"))
     leading = leading.where(F.coalesce(leads, F.lit(False))).drop("_known", "resend_acked")
-    leading = _errors_until(leading, errors, keys, "md_time", "_errors_at_md").cache()
+    leading = materialize(_errors_until(leading, errors, keys, "md_time", "_errors_at_md"))
     probes = _errors_until(
         failed.select("batch_key", *keys, "ended_time"), errors, keys, "ended_time", "_errors_at_fail"
     )
@@ -517,7 +520,7 @@ def batch_fates(
     and, when acked, ``fetch_check`` (see the module doc)."""
     names = topic_names(exchanges)
     if attempts is None:  # read by every step below: computed once
-        attempts = produce_attempts(exchanges, names).cache()
+        attempts = materialize(produce_attempts(exchanges, names))
     last = F.max_by(F.struct(*_LAST_FIELDS), F.struct("request_time", "correlation_id"))
 
     written = F.col("outcome").isin("acked", "failed") & F.col("offset").isNotNull()
@@ -760,21 +763,25 @@ def _cannot_show() -> Column:
 
 
 _SHARED: dict[tuple[int, int, float], tuple[DataFrame, DataFrame, DataFrame, DataFrame]] = {}
+_SHARED_LOCK = threading.Lock()
 
 
 def shared_fates(tables, resend_within_s: float = DEFAULT_RESEND_WITHIN_S) -> tuple[DataFrame, DataFrame]:
     """``(attempts, fates)`` of ``tables``, cached, computed once per tables for every job that
     asks (``delivery`` and ``error_reaction`` both follow the batches)."""
-    key = (id(tables.exchanges), id(tables.connections), resend_within_s)
-    hit = _SHARED.get(key)
-    if hit is not None and hit[0] is tables.exchanges and hit[1] is tables.connections:
-        return hit[2], hit[3]
-    attempts = produce_attempts(tables.exchanges).cache()
-    fates = batch_fates(
-        tables.exchanges, tables.connections, attempts=attempts, resend_within_s=resend_within_s
-    ).cache()
-    _SHARED[key] = (tables.exchanges, tables.connections, attempts, fates)
-    return attempts, fates
+    with _SHARED_LOCK:  # jobs run in threads: the first one computes them, the others wait
+        key = (id(tables.exchanges), id(tables.connections), resend_within_s)
+        hit = _SHARED.get(key)
+        if hit is not None and hit[0] is tables.exchanges and hit[1] is tables.connections:
+            return hit[2], hit[3]
+        attempts = materialize(produce_attempts(tables.exchanges))
+        fates = materialize(
+            batch_fates(
+                tables.exchanges, tables.connections, attempts=attempts, resend_within_s=resend_within_s
+            )
+        )
+        _SHARED[key] = (tables.exchanges, tables.connections, attempts, fates)
+        return attempts, fates
 
 
 def run(tables, *, resend_within_s: float = DEFAULT_RESEND_WITHIN_S, **_):

@@ -41,6 +41,7 @@ from spark_jobs.common import (
     client_key,
     error_name,
     event_time,
+    materialize,
     next_time_after,
     ordered,
     partition_results,
@@ -206,7 +207,7 @@ def reaction_events(
     """One row per failed partition result (Produce: every error, or those in ``codes``;
     other APIs: ``watched``), with the retry, the refresh and the ``verdict``."""
     if attempts is None:
-        attempts = produce_attempts(exchanges).cache()
+        attempts = materialize(produce_attempts(exchanges))
     if fates is None:
         fates = batch_fates(exchanges, connections, attempts=attempts, resend_within_s=resend_within_s)
     produce = _produce_errors(attempts, fates)
@@ -462,8 +463,8 @@ def run(
         attempts=attempts,
         fates=fates,
     )
-    events = attach_software(events, tables.exchanges, keep_key=True).cache()
-    summary = error_reaction(events.drop(*_SOFTWARE_COLUMNS), tables.exchanges).cache()
+    events = materialize(attach_software(events, tables.exchanges, keep_key=True))
+    summary = materialize(error_reaction(events.drop(*_SOFTWARE_COLUMNS), tables.exchanges))
     return {
         "error_reaction": ordered(summary.drop("client_key"), "source", "client_id", "error_code"),
         "error_reaction_events": ordered(events.drop("client_key", "batch_key"), "error_time"),

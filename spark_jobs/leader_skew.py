@@ -18,7 +18,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from spark_jobs.common import ordered
+from spark_jobs.common import materialize, ordered
 
 __all__ = ["broker_placement", "cluster_brokers", "latest_partitions", "run", "topic_skew"]
 
@@ -160,8 +160,8 @@ def topic_skew(parts: DataFrame, brokers: DataFrame) -> DataFrame:
 
 
 def run(tables, **_):
-    parts = latest_partitions(tables.exchanges).cache()  # one row per partition, used twice
-    brokers = cluster_brokers(tables.exchanges).cache()
+    parts = materialize(latest_partitions(tables.exchanges))  # one row per partition, used twice
+    brokers = materialize(cluster_brokers(tables.exchanges))
     return {
         "leader_skew": ordered(
             topic_skew(parts, brokers),

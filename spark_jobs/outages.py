@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame, Window, WindowSpec
 from pyspark.sql import functions as F
 
-from spark_jobs.common import client_key, ordered
+from spark_jobs.common import client_key, materialize, ordered
 
 __all__ = ["OutageResults", "analyse", "run", "timeline_points", "unanswered_requests"]
 
@@ -465,7 +465,7 @@ def _drops(
     numbered = anchors.withColumn("_new", F.when(prev.isNull() | apart, 1).otherwise(0)).withColumn(
         "event", F.sum("_new").over(w.rowsBetween(Window.unboundedPreceding, Window.currentRow))
     )
-    requests = anchored.drop("_tail").join(numbered.drop("_new"), [*_BROKER, "anchor"]).cache()
+    requests = materialize(anchored.drop("_tail").join(numbered.drop("_new"), [*_BROKER, "anchor"]))
     is_av, silent = F.col("api_key") == _API_VERSIONS, ~F.col("later_answered")
     events = requests.groupBy(*_BROKER, "event").agg(
         F.min_by("gap_start", "anchor").alias("last_answer_before"),
@@ -524,16 +524,26 @@ def analyse(
     """Outages and drop events (see the module docstring for the rules). ``in_flight_s`` covers a
     Fetch's long poll (fetch.max.wait.ms, 500 ms by default) pending as the broker went silent."""
     spans = _spans(exchanges, connections)
-    points = timeline_points(exchanges, connections).cache()
+    points = materialize(timeline_points(exchanges, connections))
     brokers = exchanges.select(*_BROKER).distinct()
-    silences = _silences(points, brokers, spans, min_silence_s).cache()
-    unanswered = unanswered_requests(exchanges, connections).cache()
-    left = _left_unanswered(
-        unanswered, silences, in_flight_s=in_flight_s, min_wait_s=min_wait_s, fetch_wait_s=fetch_wait_s
-    ).cache()
-    outages = _outages(
-        silences, left, points, exchanges, min_silence_s=min_silence_s, min_closed=min_closed, burst_s=burst_s
-    ).cache()
+    silences = materialize(_silences(points, brokers, spans, min_silence_s))
+    unanswered = materialize(unanswered_requests(exchanges, connections))
+    left = materialize(
+        _left_unanswered(
+            unanswered, silences, in_flight_s=in_flight_s, min_wait_s=min_wait_s, fetch_wait_s=fetch_wait_s
+        )
+    )
+    outages = materialize(
+        _outages(
+            silences,
+            left,
+            points,
+            exchanges,
+            min_silence_s=min_silence_s,
+            min_closed=min_closed,
+            burst_s=burst_s,
+        )
+    )
     counted = left.join(outages.select(*_BROKER, "silence_start"), [*_BROKER, "silence_start"], "left_semi")
     drops, dropped = _drops(
         unanswered,

@@ -24,7 +24,15 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from spark_jobs.common import client_key, client_software, error_name, has_error, ordered
+from spark_jobs.common import (
+    client_key,
+    client_software,
+    error_name,
+    has_error,
+    local_frame,
+    materialize,
+    ordered,
+)
 from spark_jobs.metadata_refresh import leadership_changes
 
 __all__ = ["BUCKET_STEPS_S", "bucket_width", "run"]
@@ -98,7 +106,7 @@ def _sources(exchanges: DataFrame, connections: DataFrame, max_buckets: int) -> 
         for r in rows
     ]
     spark = exchanges.sparkSession
-    width_df = spark.createDataFrame(widths or [("", 1.0)], "source string, bucket_s double")
+    width_df = local_frame(spark, widths or [("", 1.0)], "source string, bucket_s double")
     return spans.join(width_df, "source")
 
 
@@ -306,9 +314,9 @@ def _lanes(timeline: DataFrame, exchanges: DataFrame, nodes: DataFrame) -> DataF
 
 def run(tables, *, max_buckets: int = 600, **_) -> dict[str, DataFrame]:
     exchanges, connections = tables.exchanges, tables.connections
-    sources = _sources(exchanges, connections, max_buckets).cache()
-    nodes = _node_addresses(exchanges).cache()
-    from_exchanges = _counted(_exchange_events(exchanges), sources).cache()
+    sources = materialize(_sources(exchanges, connections, max_buckets))
+    nodes = materialize(_node_addresses(exchanges))
+    from_exchanges = materialize(_counted(_exchange_events(exchanges), sources))
     lanes_seen = from_exchanges.select(*_LANE).distinct()
     others = _counted(_disconnect_events(connections).unionByName(_leader_events(exchanges, nodes)), sources)
     columns = [
@@ -325,8 +333,8 @@ def run(tables, *, max_buckets: int = 600, **_) -> dict[str, DataFrame]:
         "code",
         "count",
     ]
-    timeline = (
-        from_exchanges.select(*columns).unionByName(_on_lanes(others, lanes_seen).select(*columns)).cache()
+    timeline = materialize(
+        from_exchanges.select(*columns).unionByName(_on_lanes(others, lanes_seen).select(*columns))
     )
     lanes = _lanes(timeline, exchanges, nodes)
     return {

@@ -34,12 +34,16 @@ SMALL_DATA_BYTES = 64 << 20
 #: Small data: one shuffle partition (a few thousand rows fit one task); no adaptive execution
 #: (it re-plans after every shuffle, one more Spark job each); no code generation (compiling a
 #: Java class per stage and expression costs more CPU than interpreting a few rows). These are
-#: the settings the job tests run every job with (tests/spark_fixtures.py).
+#: the settings the job tests run every job with (tests/spark_fixtures.py). The plan each action
+#: describes for the SQL UI and listeners is the one-line-per-operator form: Spark's default
+#: ("formatted", every operator's expressions) was 22% of the driver thread's CPU samples (JFR)
+#: in a demo-dataset analysis, whose UI is off.
 _SMALL_SQL_CONF = {
     "spark.sql.shuffle.partitions": "1",
     "spark.sql.adaptive.enabled": "false",
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+    "spark.sql.ui.explainMode": "simple",
 }
 #: Small data: the JIT's first tier only (C2 compiles Spark's planner for seconds of CPU that a
 #: short run never earns back) and the serial collector (a heap of a few hundred MB).

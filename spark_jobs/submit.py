@@ -85,6 +85,7 @@ def analyse(
     context = {"spark": spark, "versions": versions, "target_releases": list(target_releases)}
 
     def run_one(name: str) -> tuple[dict[str, DataFrame], dict[str, float]]:
+        spark.sparkContext.setJobDescription(name)  # labels its Spark jobs (UI, event log)
         results = run_jobs(tables, [name], options, **context)
         return results, write_results(results, out, log=log)
 

@@ -24,7 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
-from spark_jobs.common import attach_software, client_key, event_time, ordered
+from spark_jobs.common import attach_software, client_key, event_time, local_frame, materialize, ordered
 from spark_jobs.kafka_versions import API_VERSIONS_KEY, BrokerVersions
 
 __all__ = ["audit_release", "release_table", "run", "unsupported_versions"]
@@ -56,7 +56,7 @@ _GROUP = [
 
 def release_table(spark: SparkSession, versions: BrokerVersions, releases: list[str]) -> DataFrame:
     """The accepted (and advertised) ranges of ``releases`` as a small DataFrame."""
-    return spark.createDataFrame(versions.rows(releases), _RELEASE_SCHEMA)
+    return local_frame(spark, versions.rows(releases), _RELEASE_SCHEMA)
 
 
 def _request_rows(exchanges: DataFrame) -> DataFrame:
@@ -200,8 +200,8 @@ def _old_broker_signature(exchanges: DataFrame, connections: DataFrame | None, s
             F.max(F.col("status") == "ok").alias("any_ok"),
             F.max(event_time()).alias("last_time"),
         )
-        .cache()
     )
+    seen = materialize(seen)
     last_response = seen.groupBy(*conn).agg(F.max("last_response").alias("last_response"))
     ok = seen.where(F.col("any_ok"))
     broker = ["source", "broker_ip", "broker_port"]  # an address within one run
@@ -251,7 +251,7 @@ def unsupported_versions(
     in the data). ``silence_s``: how long an unanswered request's connection must stay silent
     before the end of the data to count as the old-broker signature (a close counts at once).
     """
-    req = _requests(exchanges).cache()  # a few thousand groups, read by up to three references
+    req = materialize(_requests(exchanges))  # a few thousand groups, read by up to three references
     parts = [
         _versus_advertised(req, exchanges),
         _error_35(req),

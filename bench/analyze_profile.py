@@ -1,0 +1,187 @@
+"""Where a Spark analysis spends its time, from Spark's own event log.
+
+    python bench/analyze_profile.py [DATASET] [--master local[2]] [--parallel 1] [--only a,b]
+
+Runs the full analysis in this process (as ``kwire analyze`` does) with Spark's event log on and
+each kwire job's actions labelled, then prints per kwire job: the wall time of its writes, the
+Spark jobs they ran, the wall time those Spark jobs were running, and the task time inside them
+(executor run time, summed over tasks). Wall time outside any Spark job is the driver's: query
+analysis, optimisation and physical planning, and committing the output files. Also prints the
+session start and the driver JVM's CPU time. Without a DATASET, decodes the demo capture.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def read_event_log(folder: Path) -> dict[str, dict[str, float]]:
+    """Per job description (the kwire job): Spark jobs, their wall seconds (union of the
+    intervals they ran), task seconds (executor run time) and tasks."""
+    lines = [line for p in sorted(folder.rglob("events_*")) for line in p.read_text().splitlines()]
+    jobs: dict[int, dict] = {}
+    stage_job: dict[int, int] = {}
+    for line in lines:
+        ev = json.loads(line)
+        kind = ev["Event"]
+        if kind == "SparkListenerJobStart":
+            props = ev.get("Properties") or {}
+            label = props.get("spark.job.description") or props.get("callSite.short") or "?"
+            jobs[ev["Job ID"]] = {"label": label, "start": ev["Submission Time"], "task_ms": 0, "tasks": 0}
+            for sid in ev.get("Stage IDs", []):
+                stage_job[sid] = ev["Job ID"]
+        elif kind == "SparkListenerJobEnd":
+            jobs[ev["Job ID"]]["end"] = ev["Completion Time"]
+        elif kind == "SparkListenerTaskEnd":
+            job = jobs.get(stage_job.get(ev["Stage ID"], -1))
+            if job is not None:
+                job["task_ms"] += (ev.get("Task Metrics") or {}).get("Executor Run Time", 0)
+                job["tasks"] += 1
+    per: dict[str, dict[str, float]] = defaultdict(
+        lambda: {"spark_jobs": 0, "job_s": 0.0, "task_s": 0.0, "tasks": 0}
+    )
+    spans: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for job in jobs.values():
+        row = per[job["label"].split(":")[0]]
+        row["spark_jobs"] += 1
+        row["task_s"] += job["task_ms"] / 1000
+        row["tasks"] += job["tasks"]
+        spans[job["label"].split(":")[0]].append((job["start"], job.get("end", job["start"])))
+    for label, intervals in spans.items():  # union of the intervals: jobs of one label may overlap
+        total, cur_s, cur_e = 0, None, None
+        for s, e in sorted(intervals):
+            if cur_e is None or s > cur_e:
+                total += (cur_e - cur_s) if cur_e is not None else 0
+                cur_s, cur_e = s, e
+            else:
+                cur_e = max(cur_e, e)
+        total += (cur_e - cur_s) if cur_e is not None else 0
+        per[label]["job_s"] = total / 1000
+    return dict(per)
+
+
+def _jvm_cpu_s(spark) -> float:
+    """The driver JVM's CPU seconds so far (user + system, from /proc)."""
+    pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def main_log(folder: Path) -> None:
+    for label, row in sorted(read_event_log(folder).items(), key=lambda kv: -kv[1]["job_s"]):
+        print(label, row)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dataset", nargs="?", type=Path)
+    parser.add_argument("--master", default=None, help="default: local[*], as kwire analyze")
+    parser.add_argument("--parallel", type=int, default=2, help="kwire jobs at once (as kwire analyze: 2)")
+    parser.add_argument("--only", default=None)
+    parser.add_argument("--rules", action="store_true", help="print the time Catalyst spent per rule")
+    parser.add_argument("--conf", action="append", default=[], help="KEY=VALUE: one more Spark setting")
+    parser.add_argument("--jvm-options", default=None, help="instead of the small-data JIT/GC options")
+    args = parser.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="kwire-profile-"))
+    dataset = args.dataset
+    if dataset is None:
+        dataset = tmp / "demo.kwire"
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kwire.cli",
+                "decode",
+                str(ROOT / "captures/tansu-mixed.pcap"),
+                "-o",
+                str(dataset),
+            ],
+            check=True,
+            capture_output=True,
+        )
+    events = tmp / "events"
+    events.mkdir()
+    load = os.getloadavg()
+    print(f"dataset {dataset}; load average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+
+    from spark_jobs import session, submit
+
+    if args.jvm_options is not None:
+        session._SMALL_JVM_OPTIONS = args.jvm_options
+    from spark_jobs.jobs import parse_job_list
+    from spark_jobs.kafka_versions import load_broker_versions
+    from spark_jobs.session import build_session, dataset_bytes
+
+    built: dict[str, float] = {}
+    run_jobs = submit.run_jobs
+
+    def timed_run_jobs(tables, names, *args, **kwargs):  # the DataFrames built (analysed), not run
+        start = time.perf_counter()
+        try:
+            return run_jobs(tables, names, *args, **kwargs)
+        finally:
+            built[",".join(names)] = time.perf_counter() - start
+
+    submit.run_jobs = timed_run_jobs
+
+    t0 = time.perf_counter()
+    spark = build_session(
+        args.master,
+        "kwire-profile",
+        data_bytes=dataset_bytes(dataset),
+        extra_conf={
+            "spark.eventLog.enabled": "true",
+            "spark.eventLog.dir": events.as_uri(),
+            "spark.eventLog.compress": "false",
+            **dict(kv.split("=", 1) for kv in args.conf),
+        },
+    )
+    session_s = time.perf_counter() - t0
+    cpu0 = _jvm_cpu_s(spark)
+    t0 = time.perf_counter()
+    _, _, timings = submit.analyse(
+        spark,
+        dataset,
+        tmp / "report",
+        jobs=parse_job_list(args.only),
+        versions=load_broker_versions(),
+        parallel=args.parallel,
+    )
+    analyse_s = time.perf_counter() - t0
+    cpu = _jvm_cpu_s(spark) - cpu0
+    rules = spark.sparkContext._jvm.org.apache.spark.sql.catalyst.rules.RuleExecutor.dumpTimeSpent()
+    spark.stop()
+    per = read_event_log(events)
+    print(f"session start {session_s:.1f}s; analysis {analyse_s:.1f}s wall, driver JVM CPU {cpu:.1f}s")
+    print(
+        f"  {'kwire job':24s} {'build s':>7s} {'spark jobs':>10s} {'in jobs s':>9s} {'task s':>7s} {'tasks':>6s}"
+    )
+    for label, row in sorted(per.items(), key=lambda kv: -kv[1]["job_s"] - built.get(kv[0], 0)):
+        print(
+            f"  {label:24s} {built.get(label, 0):7.2f} {row['spark_jobs']:10.0f} {row['job_s']:9.2f} "
+            f"{row['task_s']:7.2f} {row['tasks']:6.0f}"
+        )
+    print(f"  building the DataFrames (analysis, caches): {sum(built.values()):.1f}s")
+    total_jobs = sum(r["job_s"] for r in per.values())
+    print(f"  in Spark jobs {total_jobs:.1f}s of {analyse_s:.1f}s (the rest: planning, commits, findings)")
+    if args.rules:
+        print(rules)
+    print("  writes (wall s, per result):")
+    for name, secs in sorted(timings.items(), key=lambda kv: -kv[1]):
+        print(f"    {name:30s} {secs:6.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
