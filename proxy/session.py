@@ -410,18 +410,17 @@ class Session:
             # ended while its upstream connection was being made: a connection the client
             # made all the same (seen in a failover: a client gave up on a frozen broker)
             self._record_unforwarded()
-        if self.c_backlog is None:  # opened in the recorder
-            self.recorder.close(
-                self.key,
-                self.ended_ns or _time_ns(),
-                self.end_reason or "open_at_end",
-                {
-                    "bytes_to_broker": self.bytes_from_client,
-                    "bytes_to_client": self.bytes_to_client,
-                    # a stream forwarded blindly did not look like Kafka, as kwire decode would say
-                    "protocol": "other" if self.c_blind or self.b_blind else "kafka",
-                },
-            )
+        self.recorder.close(
+            self.key,
+            self.ended_ns or _time_ns(),
+            self.end_reason or "open_at_end",
+            {
+                "bytes_to_broker": self.bytes_from_client,
+                "bytes_to_client": self.bytes_to_client,
+                # a stream forwarded blindly did not look like Kafka, as kwire decode would say
+                "protocol": "other" if self.c_blind or self.b_blind else "kafka",
+            },
+        )
 
     # ---- client -> broker -------------------------------------------------------------
 

@@ -593,6 +593,15 @@ def _unanswering_listener() -> tuple[socket.socket, list[socket.socket]]:
     return listener, fillers
 
 
+def _only_connection(out: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The exchange rows and connection rows a proxy recorded in ``out``."""
+    exchanges, connections = (
+        ds.dataset(out / name, partitioning="hive").to_table().to_pylist()
+        for name in ("exchanges", "connections")
+    )
+    return exchanges, connections
+
+
 def test_requests_to_an_unreachable_broker_are_recorded(tmp_path: Path) -> None:
     """A client whose broker cannot be reached is cut off, and what it sent meanwhile is in the
     rows (unanswered), as a capture of that connection shows it; the connection's row starts
@@ -615,9 +624,8 @@ def test_requests_to_an_unreachable_broker_are_recorded(tmp_path: Path) -> None:
     finally:
         for sock in (*fillers, listener):
             sock.close()
-    [row] = ds.dataset(tmp_path / "exchanges", partitioning="hive").to_table().to_pylist()
+    [row], [connection] = _only_connection(tmp_path)
     assert (row["correlation_id"], row["client_id"], row["status"]) == (41, "stranded", "unanswered")
-    [connection] = ds.dataset(tmp_path / "connections", partitioning="hive").to_table().to_pylist()
     assert connection["bytes_to_broker"] == len(request) and connection["frames_to_broker"] == 1
     assert connection["end_reason"] == "rst"
     # the connection began before its request (not when the connect attempt failed, 0.5 s later)
@@ -656,9 +664,8 @@ def test_a_connection_that_ends_while_the_broker_is_connecting_is_recorded(tmp_p
     finally:
         for sock in (*fillers, listener):
             sock.close()
-    [row] = ds.dataset(tmp_path / "exchanges", partitioning="hive").to_table().to_pylist()
+    [row], [connection] = _only_connection(tmp_path)
     assert (row["correlation_id"], row["client_id"], row["status"]) == (42, "impatient", "unanswered")
-    [connection] = ds.dataset(tmp_path / "connections", partitioning="hive").to_table().to_pylist()
     assert connection["bytes_to_broker"] == len(request) and connection["bytes_to_client"] == 0
     assert connection["broker_port"] == broker_port
 
