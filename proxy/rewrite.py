@@ -32,6 +32,7 @@ from decoder.primitives import skip_tagged_fields
 
 __all__ = [
     "Endpoint",
+    "RewriteMemo",
     "endpoints",
     "has_endpoints",
     "may_carry_endpoints",
@@ -161,6 +162,94 @@ def rewrite_response(
 
 
 DECODE_ERRORS = _DECODE_ERRORS
+
+
+class RewriteMemo:
+    """``rewrite_response`` remembered by the bytes it read: the same answer is not decoded twice.
+
+    Clients ask for Metadata (and FindCoordinator, DescribeCluster) over and over, and while the
+    cluster does not change, every answer is the same bytes after the correlation id. Decoding
+    and re-encoding one was 27% of the forwarding loop's Python time at 200 connections asking
+    ApiVersions and Metadata in turn (py-spy, issue 18), so an answer already rewritten is
+    reused: its rewritten bytes after the correlation id, behind the new length and the
+    frame's own correlation id.
+
+    A remembered answer is reused only while every broker it names still maps to the same
+    proxy listener (``local_address`` is asked again, so a listener is still opened or found
+    as without the memo), and the topic ids it names are learned again. Only answers that
+    name a broker are kept, and only small ones (``max_frame``); what is kept is bounded
+    (``max_bytes``, oldest first out), so a broker sending ever-new answers costs a fixed
+    amount of memory.
+    """
+
+    def __init__(self, max_bytes: int = 1 << 20, max_frame: int = 32 << 10) -> None:
+        self.max_bytes = max_bytes
+        self.max_frame = max_frame
+        self._entries: dict[tuple[int, int, bytes], _Remembered] = {}
+        self._bytes = 0
+        self.hits = 0
+
+    def rewrite(
+        self,
+        frame: bytes,
+        api_key: int,
+        api_version: int,
+        local_address: Callable[[int, str, int], tuple[str, int] | None],
+        topics: dict[str, str],
+    ) -> bytes | None:
+        """As ``rewrite_response(frame, api_key, api_version, local_address, None, topics)``."""
+        if len(frame) > self.max_frame:
+            return rewrite_response(frame, api_key, api_version, local_address, None, topics)
+        key = (api_key, api_version, bytes(frame[8:]))
+        known = self._entries.get(key)
+        if known is not None and all(local_address(*seen) == target for seen, target in known.targets):
+            self.hits += 1
+            topics.update(known.topics)
+            if known.tail is None:
+                return None
+            return _I32.pack(len(known.tail) + 4) + frame[4:8] + known.tail
+        learned: list[Endpoint] = []
+        named: dict[str, str] = {}
+        out = rewrite_response(frame, api_key, api_version, local_address, learned, named)
+        topics.update(named)
+        if learned:
+            tail = None if out is None else out[8:]
+            targets = tuple((seen, local_address(*seen)) for seen in learned)
+            self._remember(key, _Remembered(tail, targets, tuple(named.items())))
+        return out
+
+    def _remember(self, key: tuple[int, int, bytes], entry: _Remembered) -> None:
+        size = len(key[2]) + (len(entry.tail) if entry.tail is not None else 0)
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._bytes -= _size(key, old)
+        while self._entries and self._bytes + size > self.max_bytes:
+            first = next(iter(self._entries))
+            self._bytes -= _size(first, self._entries.pop(first))
+        if size <= self.max_bytes:
+            self._entries[key] = entry
+            self._bytes += size
+
+
+class _Remembered:
+    """One rewritten answer: its bytes after the correlation id (None: unchanged), the brokers
+    it named with the listener each mapped to, and the topic ids it named."""
+
+    __slots__ = ("tail", "targets", "topics")
+
+    def __init__(
+        self,
+        tail: bytes | None,
+        targets: tuple[tuple[Endpoint, tuple[str, int] | None], ...],
+        topics: tuple[tuple[str, str], ...],
+    ) -> None:
+        self.tail = tail
+        self.targets = targets
+        self.topics = topics
+
+
+def _size(key: tuple[int, int, bytes], entry: _Remembered) -> int:
+    return len(key[2]) + (len(entry.tail) if entry.tail is not None else 0)
 
 
 @lru_cache(maxsize=4096)  # bounded: callers may pass any (key, version)

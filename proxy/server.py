@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from proxy import outdir, tls
+from proxy import outdir, rewrite, tls
 from proxy.admin import AdminAuth, AdminRoutes, admin_ssl_context, serve_admin
 from proxy.budget import DEFAULT_MAX_MEMORY_MB, MemoryBudget
 from proxy.config_file import IO_MODES, REMOVED_IO
@@ -205,6 +205,7 @@ class Proxy:
         if config.upstream_tls:
             self.upstream_ssl = tls.upstream_context(config.upstream_ca, verify=config.upstream_verify)
         self.rewriting = True
+        self.rewrites = rewrite.RewriteMemo()
         self.sessions: set[Session] = set()
         self.nodes: dict[int, tuple[str, int]] = {}  # node id -> broker's real address
         self.node_ports: dict[int, int] = {}  # node id -> local listener port

@@ -936,14 +936,12 @@ class Session:
             self._to_client(memoryview(data)[span:])
 
     def _rewritten(self, frame: bytes, entry: _Inflight) -> bytes:
-        learned: list[rewrite.Endpoint] = []
         try:
-            out = rewrite.rewrite_response(
+            out = self.proxy.rewrites.rewrite(
                 frame,
                 entry.api_key,
                 entry.api_version,
                 self.proxy.local_address,
-                learned,
                 self.proxy.topic_names,
             )
         except rewrite.DECODE_ERRORS as exc:

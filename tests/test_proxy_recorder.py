@@ -8,6 +8,7 @@ against a ``KafkaConnection`` fed the same bytes directly (the decoder the recor
 from __future__ import annotations
 
 import asyncio
+import os
 import struct
 import time
 from pathlib import Path
@@ -257,6 +258,23 @@ def test_the_worker_process_makes_the_rows_and_metrics_the_recorder_makes(tmp_pa
     assert metrics.latency == inline.latency and metrics.errors == inline.errors
     assert metrics.latency_sum == pytest.approx(inline.latency_sum)
     assert not metrics.dropped_bytes and not metrics.gap_rows
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_the_worker_process_runs_only_on_cpu_nobody_else_wants(tmp_path: Path) -> None:
+    """SCHED_IDLE: a forwarding loop that wakes preempts the worker at once (issue 18's p99)."""
+
+    async def run() -> int:
+        recorder = RecorderProcess(tmp_path, Metrics())
+        await recorder.start()
+        try:
+            assert recorder._proc is not None
+            return os.sched_getscheduler(recorder._proc.pid)
+        finally:
+            await recorder.stop()
+
+    assert asyncio.run(run()) == os.SCHED_IDLE
+    assert os.sched_getscheduler(0) != os.SCHED_IDLE  # the proxy's own loop keeps its priority
 
 
 def test_the_worker_process_bounds_its_queue_with_gaps(tmp_path: Path) -> None:

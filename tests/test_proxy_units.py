@@ -313,6 +313,78 @@ def test_rewrite_real_responses(key: int) -> None:
     assert rewrite.rewrite_response(frame, key, version, lambda n, h, p: (h, p)) is None
 
 
+def _with_correlation_id(frame: bytes, corr: int) -> bytes:
+    return frame[:4] + struct.pack(">i", corr) + frame[8:]
+
+
+@pytest.mark.parametrize("key", [3, 10])
+def test_the_rewrite_memo_answers_as_rewrite_response_does(key: int) -> None:
+    """Real Metadata and FindCoordinator answers: the memo's frame is rewrite_response's, for
+    the answer it has seen and, with the other correlation id, for the same answer again."""
+    memo = rewrite.RewriteMemo()
+    local = {1: ("proxy.local", 30001)}
+
+    def local_address(node: int, host: str, port: int) -> tuple[str, int]:
+        return local.get(node, ("proxy.local", 30000 + node))
+
+    seen = 0
+    for version, frame in _capture_responses(key):
+        plain = rewrite.rewrite_response(frame, key, version, local_address)
+        assert memo.rewrite(frame, key, version, local_address, {}) == plain
+        again = _with_correlation_id(frame, 0x7FFF0000 + seen)
+        expected = rewrite.rewrite_response(again, key, version, local_address)
+        hits = memo.hits
+        assert memo.rewrite(again, key, version, local_address, {}) == expected
+        assert memo.hits == hits + (plain is not None)  # answers naming no broker are not kept
+        seen += 1
+    assert seen and memo.hits
+    # a broker now behind another listener: the remembered bytes are not used
+    version, frame = next(
+        (v, f) for v, f in _capture_responses(key) if rewrite.rewrite_response(f, key, v, local_address)
+    )
+    memo.rewrite(frame, key, version, local_address, {})
+    local[111] = ("proxy.local", 31111)
+    hits = memo.hits
+    out = memo.rewrite(frame, key, version, local_address, {})
+    assert memo.hits == hits and out == rewrite.rewrite_response(frame, key, version, local_address)
+    assert b"proxy.local" in out and struct.pack(">i", 31111) in out
+
+
+def test_the_rewrite_memo_learns_topic_ids_on_every_answer_and_stays_bounded() -> None:
+    from decoder import message_codec as mc
+
+    tree = mc.default_tree("response", 3, 12)
+    tree["Brokers"] = [{"NodeId": 1, "Host": "b1", "Port": 9092, "Rack": None}]
+    topic = {"ErrorCode": 0, "Name": "orders", "TopicId": bytes(range(16)), "IsInternal": False}
+    tree["Topics"] = [{**topic, "Partitions": [], "TopicAuthorizedOperations": -2147483648}]
+    payload = mc.encode_header("response", 1, {"CorrelationId": 7}) + mc.encode_message(
+        "response", 3, 12, tree
+    )
+    frame = struct.pack(">i", len(payload)) + payload
+    memo = rewrite.RewriteMemo(max_bytes=4096, max_frame=1024)
+    to_proxy = lambda *_: ("127.0.0.1", 1)  # noqa: E731
+    for _ in range(2):
+        topics: dict[str, str] = {}
+        assert memo.rewrite(frame, 3, 12, to_proxy, topics) is not None
+        assert list(topics.values()) == ["orders"]
+    assert memo.hits == 1
+    for n in range(200):  # ever-new answers: the memo keeps at most max_bytes of them
+        tree["Brokers"][0]["Host"] = f"broker-{n}.internal"
+        payload = mc.encode_header("response", 1, {"CorrelationId": 7}) + mc.encode_message(
+            "response", 3, 12, tree
+        )
+        memo.rewrite(struct.pack(">i", len(payload)) + payload, 3, 12, to_proxy, {})
+        assert 0 < memo._bytes <= 4096
+    tree["Topics"] = [{**topic, "Name": "x" * 2000, "Partitions": [], "TopicAuthorizedOperations": 0}]
+    payload = mc.encode_header("response", 1, {"CorrelationId": 7}) + mc.encode_message(
+        "response", 3, 12, tree
+    )
+    big = struct.pack(">i", len(payload)) + payload
+    entries = dict(memo._entries)
+    assert memo.rewrite(big, 3, 12, to_proxy, {}) is not None
+    assert memo._entries == entries  # over max_frame: rewritten, not kept
+
+
 def test_parse_address() -> None:
     assert parse_address("h:1") == ("h", 1)
     assert parse_address("h", 9092) == ("h", 9092)
