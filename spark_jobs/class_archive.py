@@ -27,19 +27,24 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["archive_dir", "archive_options", "note_driver_pid", "pid_alive", "record"]
+__all__ = ["archive_dir", "archive_options", "cache_dir", "note_driver_pid", "pid_alive", "record"]
 
 _REPO = Path(__file__).resolve().parents[1]
 
 
+def cache_dir(name: str) -> Path:
+    """A folder for files kwire makes once and reuses: the clone's ``.cache/<name>``, or
+    ``~/.cache/kwire/<name>`` for an installed kwire (not created here)."""
+    if (_REPO / "pyproject.toml").is_file():
+        return _REPO / ".cache" / name
+    return Path.home() / ".cache" / "kwire" / name
+
+
 def archive_dir() -> Path:
-    """Where archives go: ``$KWIRE_SPARK_CDS_DIR``, else the clone's ``.cache/spark-cds``, else
-    ``~/.cache/kwire/spark-cds`` for an installed kwire."""
+    """Where archives go: ``$KWIRE_SPARK_CDS_DIR``, else :func:`cache_dir` ``spark-cds``."""
     if os.environ.get("KWIRE_SPARK_CDS_DIR"):
         return Path(os.environ["KWIRE_SPARK_CDS_DIR"])
-    if (_REPO / "pyproject.toml").is_file():
-        return _REPO / ".cache" / "spark-cds"
-    return Path.home() / ".cache" / "kwire" / "spark-cds"
+    return cache_dir("spark-cds")
 
 
 def _java() -> str:
