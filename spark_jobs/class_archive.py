@@ -1,10 +1,15 @@
 """A class-data-sharing (AppCDS) archive of the Spark driver's classes, made once, then reused.
 
 A local Spark driver loads and verifies thousands of classes from pyspark's jars on every
-start: with an archive, a new session and one GROUP BY took 4.2 s of driver CPU instead of 8.9 s. The first run with no
-archive records one as its JVM exits (``-XX:ArchiveClassesAtExit``); later runs map it
-(``-XX:SharedArchiveFile``; the JVM falls back to loading classes itself if the archive does not
-fit, e.g. after a pyspark upgrade, which also changes the archive's name).
+start: with an archive, a new session and one GROUP BY took 4.2 s of driver CPU instead of 8.9 s.
+Runs map the archive (``-XX:SharedArchiveFile``; the JVM falls back to loading classes itself if
+the archive does not fit, e.g. after a pyspark upgrade, which also changes the archive's name).
+
+The archive is recorded by a JVM of its own (``python -m spark_jobs.class_archive``, which
+``scripts/bootstrap-venv`` runs): a JVM recording one (``-XX:ArchiveClassesAtExit``) started its
+session in 12.6 s instead of 5-6 s without an archive (2.4-3.1 s with one), and went on
+writing it for 14 s after its work was done. A run that finds no archive runs without one
+and starts that recorder in the background at the lowest CPU priority.
 
 The archive (~170 MB) lives in the clone's git-ignored ``.cache/spark-cds/``
 (``$KWIRE_SPARK_CDS_DIR`` elsewhere); ``KWIRE_SPARK_CDS=0`` turns this off.
@@ -12,24 +17,34 @@ The archive (~170 MB) lives in the clone's git-ignored ``.cache/spark-cds/``
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
-__all__ = ["archive_dir", "archive_options", "note_driver_pid", "pid_alive"]
+__all__ = ["archive_dir", "archive_options", "cache_dir", "note_driver_pid", "pid_alive", "record"]
 
 _REPO = Path(__file__).resolve().parents[1]
 
 
+def cache_dir(name: str) -> Path:
+    """A folder for files kwire makes once and reuses: the clone's ``.cache/<name>``, or
+    ``~/.cache/kwire/<name>`` for an installed kwire (not created here)."""
+    if (_REPO / "pyproject.toml").is_file():
+        return _REPO / ".cache" / name
+    return Path.home() / ".cache" / "kwire" / name
+
+
 def archive_dir() -> Path:
-    """Where archives go: ``$KWIRE_SPARK_CDS_DIR``, else the clone's ``.cache/spark-cds``, else
-    ``~/.cache/kwire/spark-cds`` for an installed kwire."""
+    """Where archives go: ``$KWIRE_SPARK_CDS_DIR``, else :func:`cache_dir` ``spark-cds``."""
     if os.environ.get("KWIRE_SPARK_CDS_DIR"):
         return Path(os.environ["KWIRE_SPARK_CDS_DIR"])
-    if (_REPO / "pyproject.toml").is_file():
-        return _REPO / ".cache" / "spark-cds"
-    return Path.home() / ".cache" / "kwire" / "spark-cds"
+    return cache_dir("spark-cds")
 
 
 def _java() -> str:
@@ -79,25 +94,122 @@ def _settle(folder: Path, final: Path) -> bool:
     return busy
 
 
-def archive_options() -> tuple[str, Path | None]:
-    """JVM options for a local driver, and the recording to mark with :func:`note_driver_pid`
-    (None when an archive is used, another driver is recording one, or archives are off)."""
+def _archive_path() -> Path:
+    return archive_dir() / f"{_key()}.jsa"
+
+
+_QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"  # the JVM prints what it skips on stdout
+_RECORDING_ENV = "KWIRE_SPARK_CDS_RECORDING"  # set in the recorder: its own session records
+
+
+def archive_options(*, start_recorder: bool = True) -> tuple[str, Path | None]:
+    """JVM options for a local driver: map the archive if there is one. Without one, this run
+    goes without, and (``start_recorder``) a background process records it for later runs.
+    The second value is the recording to mark with :func:`note_driver_pid` (the recorder's own
+    session only; else None)."""
     if os.environ.get("KWIRE_SPARK_CDS", "1") == "0":
         return "", None
-    folder = archive_dir()
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        final = folder / f"{_key()}.jsa"
-        busy = _settle(folder, final)
+        final = _archive_path()
+        final.parent.mkdir(parents=True, exist_ok=True)
+        busy = _settle(final.parent, final)
     except OSError:
         return "", None
-    quiet = "-Xlog:cds=off -Xlog:cds+dynamic=off"  # the JVM prints what it skips on stdout
     if final.is_file():
-        return f"-XX:SharedArchiveFile={final} {quiet}", None
+        return f"-XX:SharedArchiveFile={final} {_QUIET}", None
     if busy:
         return "", None
-    recording = folder / f"{final.stem}.{os.getpid()}.recording"
-    return f"-XX:ArchiveClassesAtExit={recording} {quiet}", recording
+    if os.environ.get(_RECORDING_ENV) == "1":  # the recorder's own session
+        recording = final.parent / f"{final.stem}.{os.getpid()}.recording"
+        return f"-XX:ArchiveClassesAtExit={recording} {_QUIET}", recording
+    if start_recorder:
+        _start_recorder(final.parent)
+    return "", None
+
+
+def _start_recorder(folder: Path) -> None:
+    """``python -m spark_jobs.class_archive`` detached, at the lowest CPU priority (one at a time:
+    a lock file holds the recorder's pid)."""
+    lock = folder / "recorder.lock"
+    try:
+        pid = int(lock.read_text() or 0)
+    except (OSError, ValueError):
+        pid = 0
+    if pid and pid_alive(pid):
+        return
+    lock.unlink(missing_ok=True)
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except OSError:
+        return  # another run is starting one
+    try:
+        with open(folder / "recorder.log", "wb") as log:
+            proc = subprocess.Popen(
+                ["nice", "-n", "19", sys.executable, "-m", "spark_jobs.class_archive"],
+                cwd=str(_REPO) if (_REPO / "spark_jobs").is_dir() else None,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        os.write(fd, str(proc.pid).encode())
+    except OSError:
+        lock.unlink(missing_ok=True)
+    finally:
+        os.close(fd)
+
+
+def _warm_up(spark, work: Path) -> None:
+    """Load the classes a run loads: the whole analysis over an empty dataset, then a few
+    queries over rows (a Parquet round trip, joins, windows, aggregates, a checkpoint)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from spark_jobs.kafka_versions import load_broker_versions
+    from spark_jobs.submit import analyse
+
+    (work / "empty").mkdir()
+    analyse(spark, work / "empty", work / "report", versions=load_broker_versions())
+    rows = spark.range(2000).select(
+        (F.col("id") % 7).alias("k"), F.col("id").alias("v"), F.timestamp_micros("id").alias("t")
+    )
+    rows.write.partitionBy("k").parquet(str(work / "rows"))
+    back = spark.read.parquet(str(work / "rows")).localCheckpoint(eager=True)
+    w = Window.partitionBy("k").orderBy("t")
+    back.withColumn("lag", F.lag("v").over(w)).groupBy("k").agg(
+        F.count("*"), F.percentile_approx("v", 0.5), F.collect_set("lag")
+    ).join(back.groupBy("k").agg(F.max("t")), "k").collect()
+    back.createOrReplaceTempView("rows")
+    spark.sql("SELECT k, count(*) AS n FROM rows GROUP BY 1 ORDER BY 2 DESC").collect()
+
+
+def record(timeout_s: float = 600.0) -> Path | None:
+    """Record the archive now, in a driver JVM of this process, and wait (at most ``timeout_s``)
+    for the JVM to write it; returns the archive (None if it could not be made)."""
+    from spark_jobs.session import build_session
+
+    final = _archive_path()
+    if final.is_file():
+        return final
+    os.environ[_RECORDING_ENV] = "1"
+    spark = build_session("local[2]", "kwire-class-archive", data_bytes=0)
+    jvm_pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    gateway = spark.sparkContext._gateway
+    with tempfile.TemporaryDirectory(prefix="kwire-cds-") as tmp:
+        try:
+            _warm_up(spark, Path(tmp))
+        finally:
+            spark.stop()
+    proc = getattr(gateway, "proc", None)  # the driver JVM (spark-submit execs it)
+    if proc is not None:
+        proc.stdin.close()  # the JVM exits at EOF on its stdin, writing the archive
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while pid_alive(jvm_pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    _settle(final.parent, final)
+    return final if final.is_file() else None
 
 
 def note_driver_pid(recording: Path, spark) -> None:
@@ -107,3 +219,24 @@ def note_driver_pid(recording: Path, spark) -> None:
         recording.with_suffix(".pid").write_text(str(pid))
     except Exception:  # the archive is an optimisation: never fail a run for it
         pass
+
+
+def _main() -> int:
+    if os.environ.get("KWIRE_SPARK_CDS", "1") == "0":
+        return 0
+    folder = archive_dir()
+    try:
+        made = record()
+    finally:
+        lock = folder / "recorder.lock"
+        try:
+            if lock.read_text() == str(os.getpid()):
+                lock.unlink()
+        except OSError:
+            pass
+    print(f"class archive: {made or 'not made'}")
+    return 0 if made else 1
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

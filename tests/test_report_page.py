@@ -355,3 +355,26 @@ def test_terminal_prints_summary_findings_and_clients_then_tables_on_demand():
     assert "3 more clients (--top, --tables, report.html)" in few.getvalue()
     print_tables(console, page.tables)
     assert "Stale metadata after leadership changes (1 row, from 3 in the result" in out.getvalue()
+
+
+def test_vega_bundle_is_kept_on_disk_and_read_back(tmp_path, monkeypatch):
+    import vl_convert as vlc
+
+    from spark_jobs import class_archive
+    from spark_jobs import report as report_module
+
+    monkeypatch.setattr(class_archive, "cache_dir", lambda name: tmp_path / name)
+    report_module.vega_bundle.cache_clear()
+    made = report_module.vega_bundle()
+    (kept,) = (tmp_path / "vega").iterdir()
+    assert kept.read_text(encoding="utf-8") == made and "vegaEmbed" in made
+
+    def no_bundling(**_):
+        raise AssertionError("bundled again")
+
+    monkeypatch.setattr(vlc, "javascript_bundle", no_bundling)
+    report_module.vega_bundle.cache_clear()
+    try:
+        assert report_module.vega_bundle() == made
+    finally:
+        report_module.vega_bundle.cache_clear()
