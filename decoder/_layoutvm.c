@@ -530,23 +530,21 @@ static PyObject *Decoder_call(Decoder *self, PyObject *args, PyObject *kwargs) {
         PyErr_Clear();
         return fallback(self, args);
     }
-    const uint8_t *b;
-    Py_ssize_t len;
-    if (PyBytes_CheckExact(buf)) {
-        b = (const uint8_t *)PyBytes_AS_STRING(buf);
-        len = PyBytes_GET_SIZE(buf);
-    } else if (PyByteArray_CheckExact(buf)) {
-        b = (const uint8_t *)PyByteArray_AS_STRING(buf);
-        len = PyByteArray_GET_SIZE(buf);
-    } else {
+    if ((!PyBytes_CheckExact(buf) && !PyByteArray_CheckExact(buf)) || pos < 0 || end < pos)
+        return fallback(self, args);
+    /* A bytearray is exported for the duration, so that nothing (a finalizer, another thread
+       while the legacy records helper runs Python) can resize it under the pointer read here. */
+    Py_buffer view;
+    if (PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
         return fallback(self, args);
     }
-    if (pos < 0 || end < pos) return fallback(self, args);
-    Ctx c = {b, len, buf, self->records, self->summary, self->max_kept};
+    Ctx c = {view.buf, view.len, buf, self->records, self->summary, self->max_kept};
     Py_ssize_t p = pos;
     PyObject *fields = NULL;
-    /* A bytearray's storage can move if the records helper (Python) resized it; it does not. */
-    if (run_prog(&c, self->prog, &p, end, &fields) < 0) {
+    int rc = run_prog(&c, self->prog, &p, end, &fields);
+    PyBuffer_Release(&view);
+    if (rc < 0) {
         PyErr_Clear();
         return fallback(self, args);
     }
