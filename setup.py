@@ -1,16 +1,18 @@
-"""kwire's compiled parts (decoder/_layoutvm.c, decoder/_scan.c); everything else is in pyproject.toml.
+"""The compiled decoder (decoder/_layoutvm.c); everything else is in pyproject.toml.
 
 A build failure fails ``pip install`` (and so ``scripts/bootstrap-venv``) with the compiler's
-message: the extensions are not optional.
+message: the extension is not optional.
 """
 
 from setuptools import Extension, setup
 
-_FLAGS = ["-O2", "-std=c99", "-Wall", "-Wno-missing-braces"]
-
 setup(
     ext_modules=[
-        Extension(name, [f"{name.replace('.', '/')}.c"], extra_compile_args=_FLAGS, optional=False)
-        for name in ("decoder._layoutvm", "decoder._scan")
+        Extension(
+            "decoder._layoutvm",
+            ["decoder/_layoutvm.c"],
+            extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-missing-braces"],
+            optional=False,
+        )
     ]
 )

@@ -15,7 +15,6 @@ reading past the buffer are turned into ``Malformed`` by the caller.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import struct
@@ -33,7 +32,7 @@ from decoder.primitives import (
 )
 from decoder.records import MAX_BATCHES_KEPT, RecordsSummary, summarize_records
 
-__all__ = ["Layout", "compile_message", "compile_python", "load_compiled", "program"]
+__all__ = ["Layout", "compile_message", "compile_python", "program"]
 
 Layout = list[list[Any]]  # [name, type, flags, tag, role, children] per field
 
@@ -417,22 +416,21 @@ def compile_message(layout: Layout, flexible: bool) -> Callable[[Any, int, int],
     )
 
 
-def load_compiled(name: str) -> Any:
-    """One of kwire's compiled modules (``decoder._layoutvm``, ``decoder._scan``), or None under
-    ``KWIRE_PURE_PYTHON=1`` (the Python references alone); not built is an error that says how."""
+def _load_layoutvm() -> Any:
     if os.environ.get("KWIRE_PURE_PYTHON") == "1":
         return None
     try:
-        return importlib.import_module(name)
+        from decoder import _layoutvm
     except ImportError as exc:
         raise ImportError(
-            f"{name} (compiled from {name.replace('.', '/')}.c) is not built: run `bash scripts/bootstrap-venv`, "
-            "which compiles kwire's C parts (needs a C compiler and Python's headers), or set "
-            "KWIRE_PURE_PYTHON=1 to decode with the Python references alone"
+            "decoder._layoutvm (kwire's compiled decoder, decoder/_layoutvm.c) is not built: run "
+            "`bash scripts/bootstrap-venv`, which compiles it (needs a C compiler and Python's headers), "
+            "or set KWIRE_PURE_PYTHON=1 to decode with the Python reference alone"
         ) from exc
+    return _layoutvm
 
 
-_layoutvm = load_compiled("decoder._layoutvm")
+_layoutvm = _load_layoutvm()
 
 
 def generated_source_lines() -> int:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from decoder.codegen import load_compiled
 from decoder.records import (
     CODECS,
     MAX_BATCHES_KEPT,
@@ -30,8 +29,6 @@ from decoder.records import (
 )
 
 __all__ = ["exchange_values", "request_values", "response_values"]
-
-_scan = load_compiled("decoder._scan")
 
 _METADATA = 3
 _FIND_COORDINATOR = 10
@@ -179,50 +176,12 @@ class _RequestScan:
                     self.scan(child, topic, topic_id)
 
 
-#: What the compiled walks (``decoder/_scan.c``) hand back, in order, before the batch entries.
-_REQUEST_FOUND = ("topics", "topic_ids", "groups", "batches", "records", "codecs", "has_records")
-_RESPONSE_FOUND = (
-    "results",
-    "brokers",
-    "meta_partitions",
-    "fetch_partitions",
-    "coordinators",
-    "api_versions",
-    "fetched_records",
-    "has_records",
-)
-
-
-def _take(
-    found: _RequestScan | _ResponseScan, names: tuple[str, ...], walked: tuple[Any, ...], in_request: bool
-) -> None:
-    """Fill a scan from what a compiled walk found; its records fields' batch entries are kept
-    here, in walk order, as the Python walk keeps them."""
-    *values, adds = walked
-    for name, value in zip(names, values, strict=True):
-        setattr(found, name, value)
-    for entries, topic, topic_id, partition in adds:
-        if found.batch_identities is None:
-            found.batch_identities = _Batches()
-        found.batch_identities.add(entries, topic, topic_id, partition, in_request)
-
-
-def _scan_request(fields: dict[str, Any]) -> _RequestScan:
-    """What a request's structs name: the compiled walk when built, else (``KWIRE_PURE_PYTHON=1``)
-    ``_RequestScan.scan``, the reference."""
-    found = _RequestScan()
-    if _scan is None:
-        found.scan(fields)
-    else:
-        _take(found, _REQUEST_FOUND, _scan.request(fields, RecordsSummary), True)
-    return found
-
-
 def request_values(api_key: int, fields: dict[str, Any] | None) -> dict[str, Any]:
     """Row values read from a request body."""
     if not fields:
         return {}
-    found = _scan_request(fields)
+    found = _RequestScan()
+    found.scan(fields)
     values: dict[str, Any] = {}
     topics = found.topics or found.topic_ids
     if topics:
@@ -397,22 +356,12 @@ class _ResponseScan:
             )
 
 
-def _scan_response(api_key: int, fields: dict[str, Any]) -> _ResponseScan:
-    """What a response's structs below the top level carry: the compiled walk when built, else
-    ``_ResponseScan.scan_below``, the reference."""
-    found = _ResponseScan(api_key)
-    if _scan is None:
-        found.scan_below(fields)
-    else:
-        _take(found, _RESPONSE_FOUND, _scan.response(fields, api_key, RecordsSummary), False)
-    return found
-
-
 def response_values(api_key: int, fields: dict[str, Any] | None) -> dict[str, Any]:
     """Row values read from a response body."""
     if not fields:
         return {}
-    found = _scan_response(api_key, fields)
+    found = _ResponseScan(api_key)
+    found.scan_below(fields)
     values: dict[str, Any] = {}
     for role in ("error_code", "throttle_time_ms"):
         value = fields.get(role)

@@ -1,11 +1,8 @@
-"""kwire's compiled decoding against its Python references: the body decoder
-(decoder/_layoutvm.c against decoder.codegen's generated functions) and the walks over decoded
-fields (decoder/_scan.c against decoder.extract's).
+"""The compiled body decoder (decoder/_layoutvm.c) against its Python reference (decoder.codegen).
 
 Real captures decode to the same rows either way, every body they hold decodes to the same fields
 (records summaries with their batch entries included) without the C loop handing a frame back to
-the reference, and mutated bodies give the same fields or the same exception either way; the
-fields of every body, real or mutated, give the same row values either way.
+the reference, and mutated bodies give the same fields or the same exception either way.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from decoder import codegen, extract, protocol
+from decoder import codegen, protocol
 from decoder.records import RecordsSummary
 from kwire.decode_command import decode_captures
 
@@ -56,14 +53,12 @@ class _Recorder:
 
     def __init__(self) -> None:
         self.bodies: dict[tuple[int, bytes], Any] = {}
-        self.kinds: dict[int, tuple[str, int]] = {}  # decoder -> (direction, api key)
         self.inner = protocol._decoder
 
     def __call__(self, direction: str, api_key: int, api_version: int) -> Any:
         fn = self.inner(direction, api_key, api_version)
         if fn is None:
             return None
-        self.kinds[id(fn)] = (direction, api_key)
 
         def decode(buf: Any, pos: int, end: int) -> Any:
             self.bodies.setdefault((id(fn), bytes(buf[pos:end])), fn)
@@ -84,9 +79,6 @@ def _rows(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return exchanges, connections
 
 
-_KINDS: dict[int, tuple[str, int]] = {}
-
-
 @pytest.fixture(scope="module")
 def bodies() -> list[tuple[Any, bytes]]:
     """Every distinct body of every capture, with the compiled decoder that read it."""
@@ -96,19 +88,7 @@ def bodies() -> list[tuple[Any, bytes]]:
         mp.setattr(protocol, "_decoder", recorder)
         for path in CAPTURES:
             _rows(path)
-    _KINDS.update(recorder.kinds)
     return [(fn, body) for (_, body), fn in recorder.bodies.items()]
-
-
-def _values(fn: Any, fields: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
-    """The row values of a body's fields with the compiled walks, and with the reference ones."""
-    direction, api_key = _KINDS[id(fn)]
-    values = extract.request_values if direction == "request" else extract.response_values
-    compiled = values(api_key, fields)
-    with monkeypatch.context() as mp:
-        mp.setattr(extract, "_scan", None)
-        reference = values(api_key, fields)
-    return compiled, reference
 
 
 def test_captures_are_there() -> None:
@@ -130,16 +110,13 @@ def test_rows_identical_with_and_without_the_compiled_decoder(
     compiled = _rows(path)
     _fresh_tables(monkeypatch)
     monkeypatch.setattr(protocol, "compile_message", codegen.compile_python)
-    monkeypatch.setattr(extract, "_scan", None)
     reference = _rows(path)
     assert type(protocol.request_decoder(0, 9)).__name__ == "function"
     assert len(compiled[0]) == len(reference[0]) > 0
     assert compiled == reference
 
 
-def test_every_captured_body_decodes_the_same_without_falling_back(
-    bodies: list[tuple[Any, bytes]], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_every_captured_body_decodes_the_same_without_falling_back(bodies: list[tuple[Any, bytes]]) -> None:
     assert len(bodies) > 1000
     differ = [
         (fn.reference.__name__, body.hex()[:80])
@@ -152,23 +129,18 @@ def test_every_captured_body_decodes_the_same_without_falling_back(
     # bodies the reference decodes are decoded by the C loop itself (fallbacks only for bad ones)
     for fn, body in ok:
         n = fn.fallbacks
-        fields = fn(body, 0, len(body))[0]
+        fn(body, 0, len(body))
         assert fn.fallbacks == n, fn.reference.__name__
-        compiled, reference = _values(fn, fields, monkeypatch)
-        assert compiled == reference, (fn.reference.__name__, body.hex()[:80])
-    assert extract._scan is not None
 
 
-def test_mutated_bodies_decode_the_same(
-    bodies: list[tuple[Any, bytes]], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_mutated_bodies_decode_the_same(bodies: list[tuple[Any, bytes]]) -> None:
     """Bytes changed, lengths and counts made huge, negative or zero, bodies cut short: the same
     fields or the same exception either way (and no crash)."""
     rng = random.Random(22)
     seen: dict[tuple[int, int], tuple[Any, bytes]] = {}
     for fn, body in bodies:
         seen.setdefault((id(fn), len(body) // 16), (fn, body))
-    tried = decoded = 0
+    tried = 0
     for fn, body in seen.values():
         for _ in range(30):
             mutated = bytearray(body)
@@ -181,18 +153,13 @@ def test_mutated_bodies_decode_the_same(
                 mutated = mutated[: rng.randrange(len(mutated) + 1)]
             data = bytes(mutated)
             tried += 1
-            outcome = _outcome(fn, data)
-            assert outcome == _outcome(fn.reference, data), (fn.reference.__name__, data.hex())
-            if outcome[0] == "ok":
-                decoded += 1
-                compiled, reference = _values(fn, fn(data, 0, len(data))[0], monkeypatch)
-                assert compiled == reference, (fn.reference.__name__, data.hex())
+            assert _outcome(fn, data) == _outcome(fn.reference, data), (fn.reference.__name__, data.hex())
             # the same through a bytearray, and decoding from an offset inside a larger buffer
             framed = bytearray(b"\x00" * 7 + data + b"\xff" * 5)
             got = _outcome(fn, framed, 7, 7 + len(data))
             want = _outcome(fn.reference, framed, 7, 7 + len(data))
             assert got == want, (fn.reference.__name__, data.hex())
-    assert tried > 2500 and decoded > 1000
+    assert tried > 2500
 
 
 def test_buffers_it_does_not_read_go_to_the_reference() -> None:
