@@ -378,9 +378,10 @@ static int string_field(const Ctx *c, Py_ssize_t *p, Py_ssize_t e, int compact, 
     return 0;
 }
 
-/* One field; a kept value goes to *value (new reference), a skipped one leaves it NULL. */
+/* One field: a kept value is stored in the struct's dict under its key, a skipped one is stepped over. */
 static int run_op(const Ctx *c, const Op *op, Py_ssize_t *p, Py_ssize_t e, PyObject *dict) {
     PyObject *value = NULL;
+    if (!dict && (op->key || op->nitems)) return BAIL; /* a kept field in a skipping struct: a bad program */
     switch (op->kind) {
     case OP_RUN: {
         if (op->check && *p + op->size > c->len) return BAIL;
