@@ -16,6 +16,7 @@ reading past the buffer are turned into ``Malformed`` by the caller.
 from __future__ import annotations
 
 import json
+import os
 import struct
 import threading
 from collections.abc import Callable
@@ -29,9 +30,9 @@ from decoder.primitives import (
     unpack_int32_array,
     unpack_int64_array,
 )
-from decoder.records import summarize_records
+from decoder.records import MAX_BATCHES_KEPT, RecordsSummary, summarize_records
 
-__all__ = ["Layout", "compile_message"]
+__all__ = ["Layout", "compile_message", "compile_python", "program"]
 
 Layout = list[list[Any]]  # [name, type, flags, tag, role, children] per field
 
@@ -329,11 +330,107 @@ def _function(fields: Layout, flexible: bool, keep: bool) -> str:
 #: at a time (the proxy decodes on several threads).
 _compile_lock = threading.Lock()
 
+# ---- programs for the compiled interpreter (decoder/_layoutvm.c) ---------------------------
+#
+# The same layouts, the same reading rules, as data for C: a struct is ``(ops, tagged, flexible,
+# keep)``, each op a tuple whose first item is one of the ``_OP_*`` codes below. The C file's
+# header describes each op; every rule here mirrors the Python emitted above, which stays the
+# reference (the C decoder hands every frame it cannot decode cleanly to it).
 
-def compile_message(layout: Layout, flexible: bool) -> Callable[[Any, int, int], tuple[dict[str, Any], int]]:
-    """The decode function for a whole message body."""
+_OP_RUN, _OP_STR, _OP_STRUCT, _OP_ASTRUCT, _OP_AFIXED, _OP_ASTR = range(6)
+_FIXED_CODE = {"bool": 0, "int8": 1, "int16": 2, "uint16": 3, "int32": 4, "int64": 5, "float64": 6, "uuid": 7}
+
+
+def _run_op(run: list[tuple[list[Any], str | None]]) -> tuple[Any, ...]:
+    """Consecutive fixed-size fields: one bounds check for the run when read at once (no uuid),
+    as the struct call of ``_fixed_run`` does."""
+    items = []
+    offset = 0
+    for field, key in run:
+        if key is not None:
+            items.append((offset, _FIXED_CODE[field[1]], key))
+        offset += _FIXED[field[1]]
+    check = bool(items) and not any(f[1] == "uuid" for f, k in run if k is not None)
+    return (_OP_RUN, offset, int(check), tuple(items))
+
+
+def _op(field: list[Any], flexible: bool, keep: bool) -> tuple[Any, ...]:
+    """One non-fixed field (or a tagged one of any type) as an op, as ``_field_code`` reads it."""
+    _name, ftype, flags, _tag, _role, children = field
+    compact = int(flexible and not flags & CLASSIC_ENCODING)
+    kept = keep and _is_kept(field)
+    key = _key(field) if kept else None
+    if ftype in _FIXED:
+        return _run_op([(field, key)])
+    if ftype in ("string", "bytes", "records"):
+        return (_OP_STR, compact, int(ftype != "string"), 0 if ftype == "string" else 1, key)
+    if ftype == "{}":
+        return (_OP_STRUCT, int(bool(flags & NULLABLE)), key, program(children, flexible, kept))
+    element = ftype[2:]
+    if element == "":
+        return (_OP_ASTRUCT, compact, key, program(children, flexible, kept))
+    if element in _FIXED:
+        return (_OP_AFIXED, compact, _FIXED_CODE[element], _FIXED[element], key)
+    if element in ("string", "bytes"):
+        return (_OP_ASTR, compact, int(element != "string"), 0 if element == "string" else 1, key)
+    raise ValueError(f"unknown field type {ftype!r}")
+
+
+def program(fields: Layout, flexible: bool, keep: bool = True) -> tuple[Any, ...]:
+    """The interpreter's program for a struct layout (see ``_function`` for the Python one)."""
+    ops: list[tuple[Any, ...]] = []
+    run: list[tuple[list[Any], str | None]] = []
+    for field in fields:
+        if field[3] is not None:
+            continue  # tagged: in the tagged section
+        if field[1] in _FIXED:
+            run.append((field, _key(field) if keep and _is_kept(field) else None))
+            continue
+        if run:
+            ops.append(_run_op(run))
+            run = []
+        ops.append(_op(field, flexible, keep))
+    if run:
+        ops.append(_run_op(run))
+    tagged = tuple(
+        (f[3], _op(f, flexible, True)) for f in fields if f[3] is not None and keep and _is_kept(f)
+    )
+    return (tuple(ops), tagged if flexible else (), flexible, keep)
+
+
+def compile_python(layout: Layout, flexible: bool) -> Callable[[Any, int, int], tuple[dict[str, Any], int]]:
+    """The generated Python decode function for a whole message body: the reference."""
     with _compile_lock:
         return _NAMESPACE[_function(layout, flexible, True)]
+
+
+def compile_message(layout: Layout, flexible: bool) -> Callable[[Any, int, int], tuple[dict[str, Any], int]]:
+    """The decode function for a whole message body: the compiled interpreter running the
+    layout's program, holding the Python function as its reference (``KWIRE_PURE_PYTHON=1``:
+    the Python function alone)."""
+    reference = compile_python(layout, flexible)
+    if _layoutvm is None:
+        return reference
+    return _layoutvm.Decoder(
+        program(layout, flexible), reference, summarize_records, RecordsSummary, MAX_BATCHES_KEPT
+    )
+
+
+def _load_layoutvm() -> Any:
+    if os.environ.get("KWIRE_PURE_PYTHON") == "1":
+        return None
+    try:
+        from decoder import _layoutvm
+    except ImportError as exc:
+        raise ImportError(
+            "decoder._layoutvm (kwire's compiled decoder, decoder/_layoutvm.c) is not built: run "
+            "`bash scripts/bootstrap-venv`, which compiles it (needs a C compiler and Python's headers), "
+            "or set KWIRE_PURE_PYTHON=1 to decode with the Python reference alone"
+        ) from exc
+    return _layoutvm
+
+
+_layoutvm = _load_layoutvm()
 
 
 def generated_source_lines() -> int:

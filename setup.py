@@ -1,0 +1,18 @@
+"""The compiled decoder (decoder/_layoutvm.c); everything else is in pyproject.toml.
+
+A build failure fails ``pip install`` (and so ``scripts/bootstrap-venv``) with the compiler's
+message: the extension is not optional.
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "decoder._layoutvm",
+            ["decoder/_layoutvm.c"],
+            extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-missing-braces"],
+            optional=False,
+        )
+    ]
+)
