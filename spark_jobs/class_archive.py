@@ -6,7 +6,7 @@ Runs map the archive (``-XX:SharedArchiveFile``; the JVM falls back to loading c
 the archive does not fit, e.g. after a pyspark upgrade, which also changes the archive's name).
 
 The archive is recorded by a JVM of its own (``python -m spark_jobs.class_archive``, which
-``scripts/bootstrap-venv`` runs): a JVM recording one (``-XX:ArchiveClassesAtExit``) started its
+``scripts/test`` runs before the tests): a JVM recording one (``-XX:ArchiveClassesAtExit``) started its
 session in 12.6 s instead of 5-6 s without an archive (2.4-3.1 s with one), and went on
 writing it for 14 s after its work was done. A run that finds no archive runs without one
 and starts that recorder in the background at the lowest CPU priority.
