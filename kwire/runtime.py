@@ -1,10 +1,22 @@
-"""Process-wide settings for kwire's long-running commands (decode, proxy, Spark decode tasks)."""
+"""Process-wide settings for kwire's long-running commands (decode, proxy, Spark decode tasks),
+and where kwire keeps what it makes once and reuses."""
 
 from __future__ import annotations
 
 import gc
+from pathlib import Path
 
-__all__ = ["tune_gc"]
+__all__ = ["cache_dir", "tune_gc"]
+
+_REPO = Path(__file__).resolve().parents[1]
+
+
+def cache_dir(name: str) -> Path:
+    """A folder for files kwire makes once and reuses: the clone's ``.cache/<name>``, or
+    ``~/.cache/kwire/<name>`` for an installed kwire (not created here)."""
+    if (_REPO / "pyproject.toml").is_file():
+        return _REPO / ".cache" / name
+    return Path.home() / ".cache" / "kwire" / name
 
 
 def tune_gc() -> None:

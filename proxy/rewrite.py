@@ -219,7 +219,7 @@ class RewriteMemo:
         return out
 
     def _remember(self, key: tuple[int, int, bytes], entry: _Remembered) -> None:
-        size = len(key[2]) + (len(entry.tail) if entry.tail is not None else 0)
+        size = _size(key, entry)
         old = self._entries.pop(key, None)
         if old is not None:
             self._bytes -= _size(key, old)

@@ -27,21 +27,15 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["archive_dir", "archive_options", "cache_dir", "note_driver_pid", "pid_alive", "record"]
+from kwire.runtime import cache_dir
+
+__all__ = ["archive_dir", "archive_options", "note_driver_pid", "pid_alive", "record"]
 
 _REPO = Path(__file__).resolve().parents[1]
 
 
-def cache_dir(name: str) -> Path:
-    """A folder for files kwire makes once and reuses: the clone's ``.cache/<name>``, or
-    ``~/.cache/kwire/<name>`` for an installed kwire (not created here)."""
-    if (_REPO / "pyproject.toml").is_file():
-        return _REPO / ".cache" / name
-    return Path.home() / ".cache" / "kwire" / name
-
-
 def archive_dir() -> Path:
-    """Where archives go: ``$KWIRE_SPARK_CDS_DIR``, else :func:`cache_dir` ``spark-cds``."""
+    """Where archives go: ``$KWIRE_SPARK_CDS_DIR``, else :func:`kwire.runtime.cache_dir` ``spark-cds``."""
     if os.environ.get("KWIRE_SPARK_CDS_DIR"):
         return Path(os.environ["KWIRE_SPARK_CDS_DIR"])
     return cache_dir("spark-cds")

@@ -85,12 +85,12 @@ def vega_bundle() -> str:
     vl-convert-python's bundled copies, matched to Altair's Vega-Lite version).
 
     Bundling took 1.3-2.2 s of CPU in every ``kwire analyze`` (the same 0.9 MB each time for one
-    vl-convert version): it is kept in :func:`~spark_jobs.class_archive.cache_dir` ``vega``,
+    vl-convert version): it is kept in :func:`kwire.runtime.cache_dir` ``vega``,
     named after the vl-convert and Vega-Lite versions, and read from there."""
     import altair as alt
     import vl_convert as vlc
 
-    from spark_jobs.class_archive import cache_dir
+    from kwire.runtime import cache_dir
 
     wanted = ".".join(alt.VEGALITE_VERSION.split(".")[:2])
     version = wanted if wanted in vlc.get_vegalite_versions() else None

@@ -360,10 +360,10 @@ def test_terminal_prints_summary_findings_and_clients_then_tables_on_demand():
 def test_vega_bundle_is_kept_on_disk_and_read_back(tmp_path, monkeypatch):
     import vl_convert as vlc
 
-    from spark_jobs import class_archive
+    from kwire import runtime
     from spark_jobs import report as report_module
 
-    monkeypatch.setattr(class_archive, "cache_dir", lambda name: tmp_path / name)
+    monkeypatch.setattr(runtime, "cache_dir", lambda name: tmp_path / name)
     report_module.vega_bundle.cache_clear()
     made = report_module.vega_bundle()
     (kept,) = (tmp_path / "vega").iterdir()
