@@ -1,0 +1,211 @@
+"""Where ``kwire proxy``'s event loop spends its time per exchange, part by part, under issue 18's
+200-connection load.
+
+    python bench/proxy_parts.py [--variants bare,kwire,no-recorder,no-metrics,no-rewrite,passthru]
+                                [--rounds 3] [--conns 200] [--rate 10] [--seconds 8]
+
+Each variant is ``kwire proxy`` (recording on, as in ``bench/proxy_overhead.py``) with one part
+replaced by a no-op in its own process, so what a part costs *in place* (amid the loop's other
+work, its caches cold) is the difference to ``kwire``; profiles and in-process loops (a hot cache)
+put the whole session path at a fifth of what it costs in place:
+
+* ``bare``: ``bench/asyncio_forwarder.py``, the floor for a Python asyncio forwarder;
+* ``kwire``: the proxy as it ships;
+* ``no-recorder``: chunks are not handed to the recorder process (which then idles);
+* ``no-metrics``: no counters, no per-request client-id counting;
+* ``no-rewrite``: responses are not rewritten (the load's raw clients never follow the
+  addresses Metadata gives, so the load is unchanged);
+* ``passthru``: the session forwards each chunk as it comes: no framing, no request
+  bookkeeping, no recording, no metrics. What is left is kwire's connection handling.
+
+For each variant and round (interleaved, the order rotating): a fresh Tansu broker, an unmeasured
+warm-up load, then the measured load (``tests/proxy_load.py``: raw connections, one ApiVersions or
+Metadata request at a time each, ``--rate`` a second). Printed: the forwarding process's CPU per
+exchange (its main thread: the event loop), the recorder process's, and the load's round-trip
+p50/p99; then each column's median. CPU per exchange is the steady figure on this shared 2-core
+machine; the p99 column swings with the machine's load (printed per round).
+
+A variant is made by ``--launch VARIANT -- ARGS``: this script patches the part, then runs
+``kwire proxy ARGS`` in the same process (a benchmark device; the product has no such switches).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from proxy_overhead import BenchPath, _stat_fields, many_connections  # noqa: E402
+
+VARIANTS = ("bare", "kwire", "no-recorder", "no-metrics", "no-rewrite", "passthru")
+
+
+def _patch(variant: str) -> None:
+    """Replace the part ``variant`` names with a no-op (in this process, before the proxy starts)."""
+    from proxy import metrics, recorder_worker, session
+
+    if variant in ("no-recorder", "passthru"):
+        recorder_worker.RecorderProcess.data = lambda self, *args: None  # type: ignore[method-assign]
+        recorder_worker.RecorderProcess.catch_up = lambda self: None  # type: ignore[method-assign]
+    if variant == "no-metrics":
+        for name in ("add", "count_request", "bump"):
+            setattr(metrics.Metrics, name, lambda self, *args: None)
+    if variant == "no-rewrite":
+        session.Session._rewritten = lambda self, frame, entry: frame  # type: ignore[method-assign]
+    if variant == "passthru":
+
+        def from_client(self: session.Session, data: bytes) -> None:
+            if self.c_backlog is not None:  # upstream still connecting: held as kwire holds it
+                self.c_backlog.append((data, 0))
+                self.c_backlog_bytes += len(data)
+            else:
+                self.up.write(data)
+
+        session.Session.from_client = from_client  # type: ignore[method-assign]
+        session.Session._from_client = lambda self, data, ts: self.up.write(data)  # type: ignore[method-assign]
+        session.Session.from_upstream = lambda self, data: self.cl.write(data)  # type: ignore[method-assign]
+
+
+def _loop_seconds(pid: int) -> float:
+    """CPU of ``pid``'s own threads (not its children): the forwarding process."""
+    fields = _stat_fields(pid)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_seconds(pid: int) -> float:
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = _stat_fields(entry.name)
+            except OSError:
+                continue
+            if fields[1] == str(pid):
+                total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+class _Variant(BenchPath):
+    """``BenchPath`` for ``asyncio`` (bare), or ``kwire proxy`` launched through ``_patch``."""
+
+    def __init__(self, variant: str, workdir: Path, tag: str) -> None:
+        self.variant = variant
+        super().__init__("asyncio" if variant == "bare" else "kwire", workdir, tag)
+
+    def _start(self, mode: str, workdir: Path, tag: str) -> None:
+        if self.variant in ("bare", "kwire"):
+            super()._start(mode, workdir, tag)
+            return
+        from proxy.embedded import ProxyProcess
+
+        self.mode, self.tag, self.dataset = mode, tag, workdir / f"dataset-{tag}"
+        self.forwarder = None
+        launcher = [sys.executable, str(Path(__file__).resolve()), "--launch", self.variant, "--"]
+        self.proxy = ProxyProcess(
+            [
+                *("--bootstrap", self.broker.bootstrap, "--listen", "127.0.0.1:0", "--broker-port-base", "0"),
+                *("-o", str(self.dataset), "--log-level", "warning"),
+            ],
+            launcher=launcher,
+        ).start()
+        self.bootstrap, self.pid = f"127.0.0.1:{self.proxy.port}", self.proxy.proc.pid
+
+
+def measure(variant: str, workdir: Path, tag: str, args: argparse.Namespace) -> dict[str, Any]:
+    path = _Variant(variant, workdir, tag)
+    try:
+        assert path.pid is not None
+        many_connections(path.bootstrap, args.conns, args.rate, 2.0)  # warm-up, unmeasured
+        loop0, kids0 = _loop_seconds(path.pid), _children_seconds(path.pid)
+        out = many_connections(path.bootstrap, args.conns, args.rate, args.seconds)
+        loop, kids = _loop_seconds(path.pid) - loop0, _children_seconds(path.pid) - kids0
+    finally:
+        path.stop()
+    n = max(out["many_answered"], 1)
+    return {
+        "loop_us": 1e6 * loop / n,
+        "worker_us": 1e6 * kids / n,
+        "p50_ms": out["many_p50_ms"],
+        "p99_ms": out["many_p99_ms"],
+        "answered": out["many_answered"],
+    }
+
+
+def _line(name: str, row: dict[str, Any]) -> str:
+    return (
+        f"{name:<12} {row['loop_us']:>9.1f} {row['worker_us']:>10.1f} {row['p50_ms']:>8.2f} "
+        f"{row['p99_ms']:>8.2f} {row['answered']:>9.0f}"
+    )
+
+
+HEADER = f"{'variant':<12} {'loop us':>9} {'worker us':>10} {'p50 ms':>8} {'p99 ms':>8} {'answered':>9}"
+
+
+def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "--launch":
+        _patch(sys.argv[2])
+        from kwire.cli import app
+
+        sys.argv = ["kwire", *sys.argv[4:]]
+        app()
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--conns", type=int, default=200)
+    parser.add_argument("--rate", type=float, default=10.0)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    args = parser.parse_args()
+    variants = [v for v in args.variants.split(",") if v]
+    for v in variants:
+        if v not in VARIANTS:
+            parser.error(f"unknown variant {v!r} (known: {', '.join(VARIANTS)})")
+    rows: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    workdir = Path(tempfile.mkdtemp(prefix="kwire-parts-"))
+    try:
+        for i in range(args.rounds):
+            order = variants[i % len(variants) :] + variants[: i % len(variants)]
+            load = os.getloadavg()[0]
+            started = time.monotonic()
+            for v in order:
+                rows[v].append(measure(v, workdir, f"{v}-{i}", args))
+            print(
+                f"round {i + 1}/{args.rounds}: load average {load:.2f} at its start, "
+                f"{os.getloadavg()[0]:.2f} at its end, {time.monotonic() - started:.0f} s"
+            )
+            print(HEADER)
+            for v in variants:
+                print(_line(v, rows[v][-1]))
+            sys.stdout.flush()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(f"median of {args.rounds} rounds")
+    print(HEADER)
+    for v in variants:
+        print(_line(v, {k: statistics.median(r[k] for r in rows[v]) for k in rows[v][0]}))
+    if "kwire" in rows and "bare" in rows:
+        base = statistics.median(r["loop_us"] for r in rows["bare"])
+        whole = statistics.median(r["loop_us"] for r in rows["kwire"]) - base
+        print(f"kwire's loop over the bare forwarder's: {whole:.1f} us per exchange")
+        for v in variants:
+            if v not in ("bare", "kwire"):
+                saved = statistics.median(r["loop_us"] for r in rows["kwire"]) - statistics.median(
+                    r["loop_us"] for r in rows[v]
+                )
+                print(f"  {v}: {saved:.1f} us less")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
