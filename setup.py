@@ -1,4 +1,4 @@
-"""The compiled decoder (decoder/_layoutvm.c); everything else is in pyproject.toml.
+"""The compiled parts (decoder/_layoutvm.c, decoder/_pcapscan.c); everything else is in pyproject.toml.
 
 A build failure fails ``pip install`` (and so ``scripts/bootstrap-venv``) with the compiler's
 message: the extension is not optional.
@@ -13,6 +13,12 @@ setup(
             ["decoder/_layoutvm.c"],
             extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-missing-braces"],
             optional=False,
-        )
+        ),
+        Extension(
+            "decoder._pcapscan",
+            ["decoder/_pcapscan.c"],
+            extra_compile_args=["-O2", "-std=c99", "-Wall"],
+            optional=False,
+        ),
     ]
 )

@@ -168,9 +168,11 @@ def profile(path: Path, top: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from kwire.arrowstart import skip_pandas_probe
     from kwire.runtime import tune_gc
 
     tune_gc()  # as the kwire command does
+    skip_pandas_probe()  # as `kwire decode` does (else the arrow stage holds pyarrow's pandas import)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("capture", nargs="?", type=Path, help="default: the benchmark's bulk capture")
     ap.add_argument("--cprofile", type=int, metavar="N", help="also print cProfile's top N functions")

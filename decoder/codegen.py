@@ -16,12 +16,12 @@ reading past the buffer are turned into ``Malformed`` by the caller.
 from __future__ import annotations
 
 import json
-import os
 import struct
 import threading
 from collections.abc import Callable
 from typing import Any
 
+from decoder.compiled import load
 from decoder.primitives import (
     Malformed,
     read_uuid,
@@ -416,21 +416,7 @@ def compile_message(layout: Layout, flexible: bool) -> Callable[[Any, int, int],
     )
 
 
-def _load_layoutvm() -> Any:
-    if os.environ.get("KWIRE_PURE_PYTHON") == "1":
-        return None
-    try:
-        from decoder import _layoutvm
-    except ImportError as exc:
-        raise ImportError(
-            "decoder._layoutvm (kwire's compiled decoder, decoder/_layoutvm.c) is not built: run "
-            "`bash scripts/bootstrap-venv`, which compiles it (needs a C compiler and Python's headers), "
-            "or set KWIRE_PURE_PYTHON=1 to decode with the Python reference alone"
-        ) from exc
-    return _layoutvm
-
-
-_layoutvm = _load_layoutvm()
+_layoutvm: Any = load("_layoutvm", "compiled decoder")
 
 
 def generated_source_lines() -> int:

@@ -38,6 +38,7 @@ from dataclasses import dataclass, fields
 from operator import attrgetter
 from typing import BinaryIO
 
+from decoder.compiled import load
 from decoder.fastclass import fast_constructor
 
 __all__ = [
@@ -614,6 +615,7 @@ def _pcap_records(r: _Reader, head: bytes) -> Iterator[TcpSegment]:
     decode = _decoder(link_type)
     limit = max(_MAX_RECORD, min(snaplen, _MAX_BLOCK))
     rec = struct.Struct(endian + "IIII").unpack_from
+    fast, big = _scan is not None and decode is _ethernet, endian == ">"
     r.base = 24
     r.stats.bytes += 24
 
@@ -628,8 +630,21 @@ def _pcap_records(r: _Reader, head: bytes) -> Iterator[TcpSegment]:
     while True:
         counts = r.counts
         npk = snapped = 0
+        batch = None  # the compiled loop's segments being handed out, and where they started
         try:
             while n - pos >= rec_len:
+                if fast:  # the common records in C (decoder/_pcapscan.c); this loop takes the rest
+                    begin = pos
+                    segments, pos, given, given_snapped = _scan(
+                        buf, pos, rec_len, big, frac_ns, limit, _SCAN_RECORDS
+                    )
+                    npk += given
+                    snapped += given_snapped
+                    batch = iter(segments)
+                    yield from batch
+                    batch = None
+                    if n - pos < rec_len:
+                        break
                 sec, frac, caplen, wirelen = rec(buf, pos)
                 if caplen > limit:
                     raise r.truncated(r.base + pos, f"corrupt record length {caplen} (limit {limit})")
@@ -647,6 +662,12 @@ def _pcap_records(r: _Reader, head: bytes) -> Iterator[TcpSegment]:
                 else:
                     counts[seg] += 1  # type: ignore[index]
         finally:  # also when the consumer stops early or the damage is reached
+            if batch is not None:  # stopped inside a batch: count only the records handed out
+                rest = sum(1 for _ in batch)
+                if rest:  # (the same records again, as many as were handed out: their end, snaps)
+                    _, pos, done, done_snapped = _scan(buf, begin, rec_len, big, frac_ns, limit, given - rest)
+                    npk += done - given
+                    snapped += done_snapped - given_snapped
             r.packets += npk
             r.snapped += snapped
             r.flush(pos)
@@ -660,6 +681,20 @@ def _pcap_records(r: _Reader, head: bytes) -> Iterator[TcpSegment]:
             if not buf:
                 return
         pos, n = 0, len(buf)
+
+
+def _load_scan() -> Callable[..., tuple[list[TcpSegment], int, int, int]] | None:
+    """The compiled common case of ``_pcap_records`` (decoder/_pcapscan.c); None in pure-Python
+    mode (``KWIRE_PURE_PYTHON=1``), where this reader alone is used."""
+    module = load("_pcapscan", "compiled pcap reader")
+    if module is None:
+        return None
+    module.set_segment_class(TcpSegment)
+    return module.scan
+
+
+_scan = _load_scan()
+_SCAN_RECORDS = 512  # records per call at most: the segments of one call are held in a list
 
 
 _SHB, _IDB, _PB, _SPB, _EPB = 0x0A0D0D0A, 1, 2, 3, 6
