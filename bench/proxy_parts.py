@@ -12,6 +12,8 @@ put the whole session path at a fifth of what it costs in place:
 * ``bare``: ``bench/asyncio_forwarder.py``, the floor for a Python asyncio forwarder;
 * ``kwire``: the proxy as it ships;
 * ``no-recorder``: chunks are not handed to the recorder process (which then idles);
+* ``no-decode``: the recorder process gets every chunk, as shipped, and drops it unread (its
+  pipe and batching stay; its decoding, rows and writing go);
 * ``no-metrics``: no counters, no per-request client-id counting;
 * ``no-rewrite``: responses are not rewritten (the load's raw clients never follow the
   addresses Metadata gives, so the load is unchanged);
@@ -48,7 +50,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from proxy_overhead import BenchPath, _stat_fields, many_connections  # noqa: E402
 
-VARIANTS = ("bare", "kwire", "no-recorder", "no-metrics", "no-rewrite", "passthru")
+VARIANTS = ("bare", "kwire", "no-recorder", "no-decode", "no-metrics", "no-rewrite", "passthru")
 
 
 def _patch(variant: str) -> None:
@@ -58,6 +60,19 @@ def _patch(variant: str) -> None:
     if variant in ("no-recorder", "passthru"):
         recorder_worker.RecorderProcess.data = lambda self, *args: None  # type: ignore[method-assign]
         recorder_worker.RecorderProcess.catch_up = lambda self: None  # type: ignore[method-assign]
+    if variant == "no-decode":
+        popen = recorder_worker.subprocess.Popen
+
+        def worker(command: list[str], *args: Any, **kwargs: Any) -> Any:
+            # python -m proxy.recorder_worker FDS... -> this script's --worker-no-decode FDS...
+            command = [command[0], str(Path(__file__).resolve()), "--worker-no-decode", *command[3:]]
+            return popen(command, *args, **kwargs)
+
+        recorder_worker.subprocess.Popen = worker  # type: ignore[assignment]
+    if variant == "worker-no-decode":
+        from proxy import recorder
+
+        recorder.Recorder.data = lambda self, *args: None  # type: ignore[method-assign]
     if variant == "no-metrics":
         for name in ("add", "count_request", "bump"):
             setattr(metrics.Metrics, name, lambda self, *args: None)
@@ -153,6 +168,11 @@ HEADER = f"{'variant':<12} {'loop us':>9} {'worker us':>10} {'p50 ms':>8} {'p99 
 
 
 def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker-no-decode":
+        _patch("worker-no-decode")
+        from proxy import recorder_worker
+
+        return recorder_worker.main(sys.argv[2:])
     if len(sys.argv) > 2 and sys.argv[1] == "--launch":
         _patch(sys.argv[2])
         from kwire.cli import app
