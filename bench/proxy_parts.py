@@ -63,9 +63,10 @@ def _patch(variant: str) -> None:
     if variant == "no-decode":
         popen = recorder_worker.subprocess.Popen
 
-        def worker(command: list[str], *args: Any, **kwargs: Any) -> Any:
+        def worker(command: Any, *args: Any, **kwargs: Any) -> Any:
             # python -m proxy.recorder_worker FDS... -> this script's --worker-no-decode FDS...
-            command = [command[0], str(Path(__file__).resolve()), "--worker-no-decode", *command[3:]]
+            if isinstance(command, list) and command[1:3] == ["-m", "proxy.recorder_worker"]:
+                command = [command[0], str(Path(__file__).resolve()), "--worker-no-decode", *command[3:]]
             return popen(command, *args, **kwargs)
 
         recorder_worker.subprocess.Popen = worker  # type: ignore[assignment]
