@@ -323,7 +323,7 @@ class BenchPath:
                     "--log-level",
                     "warning",
                 ],
-                launcher=_UVLOOP_LAUNCHER if mode == "kwire-uv" else None,
+                launcher=self._launcher(mode),
             ).start()
             self.bootstrap, self.pid = f"{host}:{self.proxy.port}", self.proxy.proc.pid
         elif mode == "tansu":
@@ -368,6 +368,10 @@ class BenchPath:
                 stderr=subprocess.DEVNULL,
             )
             self.bootstrap, self.pid = f"{host}:{port}", self.forwarder.pid
+
+    def _launcher(self, mode: str) -> list[str] | None:
+        """How a kwire path's process is started (None: the ``kwire`` command)."""
+        return _UVLOOP_LAUNCHER if mode == "kwire-uv" else None
 
     def stop(self) -> dict[str, Any]:
         """Stop the proxy and the broker; for kwire, its exit code and the rows it recorded."""

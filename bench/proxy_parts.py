@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from proxy_overhead import BenchPath, _stat_fields, many_connections  # noqa: E402
+from proxy_overhead import BenchPath, _stat_fields, cpu_seconds, many_connections  # noqa: E402
 
 VARIANTS = ("bare", "kwire", "no-recorder", "no-decode", "no-metrics", "no-rewrite", "passthru")
 
@@ -99,19 +99,6 @@ def _loop_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _children_seconds(pid: int) -> float:
-    total = 0
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = _stat_fields(entry.name)
-            except OSError:
-                continue
-            if fields[1] == str(pid):
-                total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
-
-
 class _Variant(BenchPath):
     """``BenchPath`` for ``asyncio`` (bare), or ``kwire proxy`` launched through ``_patch``."""
 
@@ -119,23 +106,10 @@ class _Variant(BenchPath):
         self.variant = variant
         super().__init__("asyncio" if variant == "bare" else "kwire", workdir, tag)
 
-    def _start(self, mode: str, workdir: Path, tag: str) -> None:
-        if self.variant in ("bare", "kwire"):
-            super()._start(mode, workdir, tag)
-            return
-        from proxy.embedded import ProxyProcess
-
-        self.mode, self.tag, self.dataset = mode, tag, workdir / f"dataset-{tag}"
-        self.forwarder = None
-        launcher = [sys.executable, str(Path(__file__).resolve()), "--launch", self.variant, "--"]
-        self.proxy = ProxyProcess(
-            [
-                *("--bootstrap", self.broker.bootstrap, "--listen", "127.0.0.1:0", "--broker-port-base", "0"),
-                *("-o", str(self.dataset), "--log-level", "warning"),
-            ],
-            launcher=launcher,
-        ).start()
-        self.bootstrap, self.pid = f"127.0.0.1:{self.proxy.port}", self.proxy.proc.pid
+    def _launcher(self, mode: str) -> list[str] | None:
+        if self.variant == "kwire":
+            return None
+        return [sys.executable, str(Path(__file__).resolve()), "--launch", self.variant, "--"]
 
 
 def measure(variant: str, workdir: Path, tag: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -143,9 +117,10 @@ def measure(variant: str, workdir: Path, tag: str, args: argparse.Namespace) -> 
     try:
         assert path.pid is not None
         many_connections(path.bootstrap, args.conns, args.rate, 2.0)  # warm-up, unmeasured
-        loop0, kids0 = _loop_seconds(path.pid), _children_seconds(path.pid)
+        loop0, all0 = _loop_seconds(path.pid), cpu_seconds(path.pid)
         out = many_connections(path.bootstrap, args.conns, args.rate, args.seconds)
-        loop, kids = _loop_seconds(path.pid) - loop0, _children_seconds(path.pid) - kids0
+        loop = _loop_seconds(path.pid) - loop0
+        kids = cpu_seconds(path.pid) - all0 - loop  # the recorder process
     finally:
         path.stop()
     n = max(out["many_answered"], 1)
