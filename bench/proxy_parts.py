@@ -1,8 +1,8 @@
 """Where ``kwire proxy``'s event loop spends its time per exchange, part by part, under issue 18's
 200-connection load.
 
-    python bench/proxy_parts.py [--variants bare,kwire,no-recorder,no-metrics,no-rewrite,passthru]
-                                [--rounds 3] [--conns 200] [--rate 10] [--seconds 8]
+    python bench/proxy_parts.py [--variants bare,bare-busy,kwire,no-recorder,no-decode,no-metrics,no-rewrite,passthru]
+                                [--rounds 3] [--conns 200] [--rate 10] [--seconds 8] [--busy-duty 0.15]
 
 Each variant is ``kwire proxy`` (recording on, as in ``bench/proxy_overhead.py``) with one part
 replaced by a no-op in its own process, so what a part costs *in place* (amid the loop's other
@@ -10,6 +10,10 @@ work, its caches cold) is the difference to ``kwire``; profiles and in-process l
 put the whole session path at a fifth of what it costs in place:
 
 * ``bare``: ``bench/asyncio_forwarder.py``, the floor for a Python asyncio forwarder;
+* ``bare-busy``: ``bare`` with a process beside it that only spins, under ``SCHED_IDLE`` as the
+  recorder process runs, for ``--busy-duty`` of every 20 ms (its CPU in the ``worker us``
+  column). It touches no memory and makes no system call: what any recorder that takes that much
+  CPU beside the loop does to the tail, whatever its work;
 * ``kwire``: the proxy as it ships;
 * ``no-recorder``: chunks are not handed to the recorder process (which then idles);
 * ``no-decode``: the recorder process gets every chunk, as shipped, and drops it unread (its
@@ -37,6 +41,7 @@ import argparse
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -50,7 +55,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from proxy_overhead import BenchPath, _stat_fields, cpu_seconds, many_connections  # noqa: E402
 
-VARIANTS = ("bare", "kwire", "no-recorder", "no-decode", "no-metrics", "no-rewrite", "passthru")
+VARIANTS = ("bare", "bare-busy", "kwire", "no-recorder", "no-decode", "no-metrics", "no-rewrite", "passthru")
 
 
 def _patch(variant: str) -> None:
@@ -104,7 +109,7 @@ class _Variant(BenchPath):
 
     def __init__(self, variant: str, workdir: Path, tag: str) -> None:
         self.variant = variant
-        super().__init__("asyncio" if variant == "bare" else "kwire", workdir, tag)
+        super().__init__("asyncio" if variant.startswith("bare") else "kwire", workdir, tag)
 
     def _launcher(self, mode: str) -> list[str] | None:
         if self.variant == "kwire":
@@ -112,16 +117,38 @@ class _Variant(BenchPath):
         return [sys.executable, str(Path(__file__).resolve()), "--launch", self.variant, "--"]
 
 
+def _spin(duty: float, seconds: float) -> int:
+    """The ``bare-busy`` neighbour: spin ``duty`` of every 20 ms under ``SCHED_IDLE``, then sleep."""
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        start = time.perf_counter()
+        while time.perf_counter() - start < 0.02 * duty:
+            pass
+        time.sleep(0.02 * (1 - duty))
+    return 0
+
+
 def measure(variant: str, workdir: Path, tag: str, args: argparse.Namespace) -> dict[str, Any]:
     path = _Variant(variant, workdir, tag)
+    busy = None
     try:
         assert path.pid is not None
         many_connections(path.bootstrap, args.conns, args.rate, 2.0)  # warm-up, unmeasured
+        if variant == "bare-busy":
+            command = [sys.executable, str(Path(__file__).resolve()), "--spin", str(args.busy_duty)]
+            busy = subprocess.Popen([*command, str(args.seconds + 30)])
         loop0, all0 = _loop_seconds(path.pid), cpu_seconds(path.pid)
+        busy0 = cpu_seconds(busy.pid) if busy else 0.0
         out = many_connections(path.bootstrap, args.conns, args.rate, args.seconds)
         loop = _loop_seconds(path.pid) - loop0
         kids = cpu_seconds(path.pid) - all0 - loop  # the recorder process
+        if busy is not None:
+            kids = cpu_seconds(busy.pid) - busy0
     finally:
+        if busy is not None:
+            busy.kill()
+            busy.wait(10)
         path.stop()
     n = max(out["many_answered"], 1)
     return {
@@ -149,6 +176,8 @@ def main() -> int:
         from proxy import recorder_worker
 
         return recorder_worker.main(sys.argv[2:])
+    if len(sys.argv) > 3 and sys.argv[1] == "--spin":
+        return _spin(float(sys.argv[2]), float(sys.argv[3]))
     if len(sys.argv) > 2 and sys.argv[1] == "--launch":
         _patch(sys.argv[2])
         from kwire.cli import app
@@ -162,6 +191,9 @@ def main() -> int:
     parser.add_argument("--conns", type=int, default=200)
     parser.add_argument("--rate", type=float, default=10.0)
     parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument(
+        "--busy-duty", type=float, default=0.15, help="bare-busy: the spinning share of each 20 ms"
+    )
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
     for v in variants:
@@ -195,7 +227,7 @@ def main() -> int:
         whole = statistics.median(r["loop_us"] for r in rows["kwire"]) - base
         print(f"kwire's loop over the bare forwarder's: {whole:.1f} us per exchange")
         for v in variants:
-            if v not in ("bare", "kwire"):
+            if v not in ("bare", "bare-busy", "kwire"):
                 saved = statistics.median(r["loop_us"] for r in rows["kwire"]) - statistics.median(
                     r["loop_us"] for r in rows[v]
                 )
