@@ -56,14 +56,9 @@ def test_api_keys_entries_give_the_walks_values(version: int) -> None:
 @pytest.mark.parametrize("version", VERSIONS)
 def test_an_empty_answer_gives_the_walks_values(version: int) -> None:
     fields = _decoded(version, default_tree("response", _API_VERSIONS, version))
-    assert (
-        response_values(_API_VERSIONS, fields)
-        == _walked(fields)
-        == {
-            **_walked(fields),
-            "api_versions": [],
-        }
-    )
+    values = response_values(_API_VERSIONS, fields)
+    assert values["api_versions"] == []
+    assert values == _walked(fields)
 
 
 def test_every_api_versions_answer_in_the_captures_gives_the_walks_values(
