@@ -320,16 +320,22 @@ def next_time_after(
     probe_time: str,
     target_time: str,
     out: str,
+    carry: dict[str, str] | None = None,
 ) -> DataFrame:
     """Add column ``out`` to ``probes``: the earliest ``target_time`` of a ``targets`` row with the
-    same ``keys`` strictly after the probe's ``probe_time`` (null if none).
+    same ``keys`` strictly after the probe's ``probe_time`` (null if none). ``carry``: more
+    columns of that target row to add, ``{target column: name in the output}`` (of several
+    targets at that instant, the one whose carried columns sort first).
 
     Done with one sort per key (a running minimum over time descending), not a range join, so a
     client with a million errors and a million requests costs O(n log n), not O(n^2).
     """
-    p = probes.withColumn("_t", F.col(probe_time)).withColumn("_kind", F.lit(0))
-    t = targets.select(*keys, F.col(target_time).alias("_t")).where(F.col("_t").isNotNull())
-    t = t.withColumn("_target", F.col("_t")).withColumn("_kind", F.lit(1))
+    carry = carry or {}
+    p = probes.select("*", F.col(probe_time).alias("_t"), F.lit(0).alias("_kind"))
+    target = F.struct(F.col(target_time).alias("at"), *[F.col(c).alias(f"c{i}") for i, c in enumerate(carry)])
+    t = targets.where(F.col(target_time).isNotNull()).select(
+        *keys, F.col(target_time).alias("_t"), target.alias("_target"), F.lit(1).alias("_kind")
+    )
     both = p.unionByName(t, allowMissingColumns=True)
     # Time descending; at equal times the probe sorts first so a target at the same instant
     # is not "after" it.
@@ -338,10 +344,14 @@ def next_time_after(
         .orderBy(F.col("_t").desc_nulls_last(), F.col("_kind"))
         .rowsBetween(Window.unboundedPreceding, Window.currentRow)
     )
-    return (
-        both.withColumn(out, F.min("_target").over(w))
-        .where(F.col("_kind") == 0)
-        .drop("_t", "_kind", "_target")
+    found = both.withColumn("_target", F.min("_target").over(w)).where(F.col("_kind") == 0)
+    added = {out: F.col("_target.at")} | {
+        name: F.col(f"_target.c{i}") for i, name in enumerate(carry.values())
+    }
+    # as withColumns: a column of probes of the same name is replaced where it stands
+    return found.select(
+        *[added[c].alias(c) if c in added else c for c in probes.columns],
+        *[col.alias(name) for name, col in added.items() if name not in probes.columns],
     )
 
 

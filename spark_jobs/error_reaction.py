@@ -101,7 +101,7 @@ def _produce_errors(attempts: DataFrame, fates: DataFrame) -> DataFrame:
     sends = attempts.select(*keys, F.col("request_time").alias("_sent")).join(
         F.broadcast(failed.select(*keys).distinct()), keys, "left_semi"
     )
-    failed = failed.withColumn("error_time", F.coalesce("response_time", "request_time"))
+    failed = failed.select("*", F.coalesce("response_time", "request_time").alias("error_time"))
     failed = next_time_after(failed, sends, keys, "error_time", "_sent", "next_send_time")
     return failed.join(fate, "batch_key", "left").select(
         "source",
@@ -147,10 +147,9 @@ def _partition_errors(
         carry=("source", "connection_id", "correlation_id", "_no_identity"),
     ).where(F.col("partition") >= 0)
     # Produce and Fetch v13+ name topics by id: one topic must have one name on both sides
-    results = (
-        results.join(F.broadcast(names), F.col("topic") == F.col("topic_id"), "left")
-        .withColumn("topic", F.coalesce("topic_name", "topic"))
-        .drop("topic_id", "topic_name")
+    results = results.join(F.broadcast(names), F.col("topic") == F.col("topic_id"), "left").select(
+        *[F.coalesce("topic_name", "topic").alias(c) if c == "topic" else c for c in results.columns],
+        F.coalesce("response_time", "request_time").alias("error_time"),
     )
     keys = ["source", "client_key", "api_key", "topic", "partition"]
     code = F.col("error_code")
@@ -160,16 +159,18 @@ def _partition_errors(
             code.isin(*watched)
         )
     )
-    wanted = errors.select(*keys).distinct()
-    later = results.join(F.broadcast(wanted), keys, "left_semi").select(
-        *keys, F.col("request_time").alias("sent_time"), "broker_ip", "broker_port"
+    later = results.join(F.broadcast(errors.select(*keys).distinct()), keys, "left_semi")
+    # the retry is the next request, and its broker that of the first such request at that time
+    errors = next_time_after(
+        errors,
+        later,
+        keys,
+        "error_time",
+        "request_time",
+        "retry_time",
+        carry={"broker_ip": "retry_broker_ip", "broker_port": "retry_broker_port"},
     )
-    errors = errors.withColumn("error_time", F.coalesce("response_time", "request_time"))
-    errors = next_time_after(errors, later, keys, "error_time", "sent_time", "retry_time")
-    first = later.groupBy(*keys, F.col("sent_time").alias("retry_time")).agg(
-        F.first("broker_ip").alias("retry_broker_ip"), F.first("broker_port").alias("retry_broker_port")
-    )
-    return errors.join(first, [*keys, "retry_time"], "left").select(
+    return errors.select(
         "source",
         "client_key",
         "client_id",
