@@ -331,10 +331,14 @@ def next_time_after(
     client with a million errors and a million requests costs O(n log n), not O(n^2).
     """
     carry = carry or {}
-    p = probes.select("*", F.col(probe_time).alias("_t"), F.lit(0).alias("_kind"))
+    p = probes.withColumns({"_t": F.col(probe_time), "_kind": F.lit(0)})
     target = F.struct(F.col(target_time).alias("at"), *[F.col(c).alias(f"c{i}") for i, c in enumerate(carry)])
-    t = targets.where(F.col(target_time).isNotNull()).select(
-        *keys, F.col(target_time).alias("_t"), target.alias("_target"), F.lit(1).alias("_kind")
+    # a target without a time is none: no struct, which the minimum below skips
+    t = targets.select(
+        *keys,
+        F.col(target_time).alias("_t"),
+        F.when(F.col(target_time).isNotNull(), target).alias("_target"),
+        F.lit(1).alias("_kind"),
     )
     both = p.unionByName(t, allowMissingColumns=True)
     # Time descending; at equal times the probe sorts first so a target at the same instant
@@ -344,19 +348,21 @@ def next_time_after(
         .orderBy(F.col("_t").desc_nulls_last(), F.col("_kind"))
         .rowsBetween(Window.unboundedPreceding, Window.currentRow)
     )
-    found = both.withColumn("_target", F.min("_target").over(w)).where(F.col("_kind") == 0)
     added = {out: F.col("_target.at")} | {
         name: F.col(f"_target.c{i}") for i, name in enumerate(carry.values())
     }
-    # as withColumns: a column of probes of the same name is replaced where it stands
-    return found.select(
-        *[added[c].alias(c) if c in added else c for c in probes.columns],
-        *[col.alias(name) for name, col in added.items() if name not in probes.columns],
+    return (
+        both.withColumn("_target", F.min("_target").over(w))
+        .where(F.col("_kind") == 0)
+        .withColumns(added)
+        .drop("_t", "_kind", "_target")
     )
 
 
 def _lookup(table: dict[int, str], code: Column) -> Column:
-    return F.create_map(*[x for k, v in table.items() for x in (F.lit(k), F.lit(v))])[code.cast("int")]
+    # the map as one SQL literal: a Column per key and value was ~300 calls into the JVM per use
+    pairs = ", ".join(f"{int(k)}, '{v.replace(chr(39), chr(39) * 2)}'" for k, v in table.items())
+    return F.expr(f"map({pairs})")[code.cast("int")]
 
 
 def error_name(code: Column) -> Column:

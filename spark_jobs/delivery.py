@@ -554,9 +554,9 @@ def batch_fates(
         last.alias("last"),
     )
     batches = batches.select(
-        *[c for c in batches.columns if c != "last"],
+        "*",
         *[F.col(f"last.{c}").alias("ended_time" if c == "ended_time" else f"last_{c}") for c in _LAST_FIELDS],
-    )
+    ).drop("last")
     # read by the re-send inference and the fates: one leaf, so that neither recomputes the
     # aggregate (nor the joins below, inside every broadcast the inference builds on it)
     batches = materialize(batches)
