@@ -4,8 +4,8 @@
 
 Runs the full analysis in this process (as ``kwire analyze`` does) with Spark's event log on and
 each kwire job's actions labelled, then prints per kwire job: the wall time of its writes, the
-Spark jobs they ran, the wall time those Spark jobs were running, and the task time inside them
-(executor run time, summed over tasks). Wall time outside any Spark job is the driver's: query
+DataFrames it made (``frames``), the Spark jobs they ran, the wall time those Spark jobs were
+running, and the task time inside them (executor run time, summed over tasks). Wall time outside any Spark job is the driver's: query
 analysis, optimisation and physical planning, and committing the output files. Also prints the
 session start and the driver JVM's CPU time. Without a DATASET, decodes the demo capture.
 """
@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -124,14 +125,26 @@ def main(argv: list[str] | None = None) -> int:
     from spark_jobs.session import build_session, dataset_bytes
 
     built: dict[str, float] = {}
+    frames: dict[str, int] = {}
+    made: dict[int, int] = defaultdict(int)  # DataFrames made, per thread (kwire jobs run in threads)
     run_jobs = submit.run_jobs
+    from pyspark.sql.classic.dataframe import DataFrame
+
+    frame_init = DataFrame.__init__
+
+    def counted_init(self, *args, **kwargs):
+        made[threading.get_ident()] += 1
+        frame_init(self, *args, **kwargs)
+
+    DataFrame.__init__ = counted_init
 
     def timed_run_jobs(tables, names, *args, **kwargs):  # the DataFrames built (analysed), not run
-        start = time.perf_counter()
+        start, made0 = time.perf_counter(), made[threading.get_ident()]
         try:
             return run_jobs(tables, names, *args, **kwargs)
         finally:
             built[",".join(names)] = time.perf_counter() - start
+            frames[",".join(names)] = made[threading.get_ident()] - made0
 
     submit.run_jobs = timed_run_jobs
 
@@ -165,14 +178,19 @@ def main(argv: list[str] | None = None) -> int:
     per = read_event_log(events)
     print(f"session start {session_s:.1f}s; analysis {analyse_s:.1f}s wall, driver JVM CPU {cpu:.1f}s")
     print(
-        f"  {'kwire job':24s} {'build s':>7s} {'spark jobs':>10s} {'in jobs s':>9s} {'task s':>7s} {'tasks':>6s}"
+        f"  {'kwire job':24s} {'build s':>7s} {'frames':>6s} {'spark jobs':>10s} {'in jobs s':>9s} "
+        f"{'task s':>7s} {'tasks':>6s}"
     )
     for label, row in sorted(per.items(), key=lambda kv: -kv[1]["job_s"] - built.get(kv[0], 0)):
         print(
-            f"  {label:24s} {built.get(label, 0):7.2f} {row['spark_jobs']:10.0f} {row['job_s']:9.2f} "
-            f"{row['task_s']:7.2f} {row['tasks']:6.0f}"
+            f"  {label:24s} {built.get(label, 0):7.2f} {frames.get(label, 0):6d} {row['spark_jobs']:10.0f} "
+            f"{row['job_s']:9.2f} {row['task_s']:7.2f} {row['tasks']:6.0f}"
         )
     print(f"  building the DataFrames (analysis, caches): {sum(built.values()):.1f}s")
+    print(
+        f"  DataFrames made in the jobs' own calls: {sum(frames.values())}, Spark jobs: "
+        f"{sum(r['spark_jobs'] for r in per.values()):.0f}"
+    )
     total_jobs = sum(r["job_s"] for r in per.values())
     print(f"  in Spark jobs {total_jobs:.1f}s of {analyse_s:.1f}s (the rest: planning, commits, findings)")
     if args.rules:

@@ -320,16 +320,26 @@ def next_time_after(
     probe_time: str,
     target_time: str,
     out: str,
+    carry: dict[str, str] | None = None,
 ) -> DataFrame:
     """Add column ``out`` to ``probes``: the earliest ``target_time`` of a ``targets`` row with the
-    same ``keys`` strictly after the probe's ``probe_time`` (null if none).
+    same ``keys`` strictly after the probe's ``probe_time`` (null if none). ``carry``: more
+    columns of that target row to add, ``{target column: name in the output}`` (of several
+    targets at that instant, the one whose carried columns sort first).
 
     Done with one sort per key (a running minimum over time descending), not a range join, so a
     client with a million errors and a million requests costs O(n log n), not O(n^2).
     """
-    p = probes.withColumn("_t", F.col(probe_time)).withColumn("_kind", F.lit(0))
-    t = targets.select(*keys, F.col(target_time).alias("_t")).where(F.col("_t").isNotNull())
-    t = t.withColumn("_target", F.col("_t")).withColumn("_kind", F.lit(1))
+    carry = carry or {}
+    p = probes.withColumns({"_t": F.col(probe_time), "_kind": F.lit(0)})
+    target = F.struct(F.col(target_time).alias("at"), *[F.col(c).alias(f"c{i}") for i, c in enumerate(carry)])
+    # a target without a time is none: no struct, which the minimum below skips
+    t = targets.select(
+        *keys,
+        F.col(target_time).alias("_t"),
+        F.when(F.col(target_time).isNotNull(), target).alias("_target"),
+        F.lit(1).alias("_kind"),
+    )
     both = p.unionByName(t, allowMissingColumns=True)
     # Time descending; at equal times the probe sorts first so a target at the same instant
     # is not "after" it.
@@ -338,15 +348,21 @@ def next_time_after(
         .orderBy(F.col("_t").desc_nulls_last(), F.col("_kind"))
         .rowsBetween(Window.unboundedPreceding, Window.currentRow)
     )
+    added = {out: F.col("_target.at")} | {
+        name: F.col(f"_target.c{i}") for i, name in enumerate(carry.values())
+    }
     return (
-        both.withColumn(out, F.min("_target").over(w))
+        both.withColumn("_target", F.min("_target").over(w))
         .where(F.col("_kind") == 0)
+        .withColumns(added)
         .drop("_t", "_kind", "_target")
     )
 
 
 def _lookup(table: dict[int, str], code: Column) -> Column:
-    return F.create_map(*[x for k, v in table.items() for x in (F.lit(k), F.lit(v))])[code.cast("int")]
+    # the map as one SQL literal: a Column per key and value was ~300 calls into the JVM per use
+    pairs = ", ".join(f"{int(k)}, '{v.replace(chr(39), chr(39) * 2)}'" for k, v in table.items())
+    return F.expr(f"map({pairs})")[code.cast("int")]
 
 
 def error_name(code: Column) -> Column:

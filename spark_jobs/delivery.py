@@ -208,19 +208,17 @@ def produce_attempts(exchanges: DataFrame, names: DataFrame | None = None) -> Da
         F.when(~F.col("idempotent"), F.struct("magic", "crc")),
     )
     chain = Window.partitionBy("batch_key").orderBy("request_time", "correlation_id")
-    return (
-        attempts.withColumn("batch_key", key)
-        .withColumn("attempt", F.row_number().over(chain))
-        .withColumn("attempts", F.count(F.lit(1)).over(Window.partitionBy("batch_key")))
-        .withColumn("next_request_time", F.lead("request_time").over(chain))
-        .withColumn("next_broker_ip", F.lead("broker_ip").over(chain))
-        .withColumn("next_broker_port", F.lead("broker_port").over(chain))
-        .withColumn(
-            "ended_time",
-            F.when(F.col("outcome") == "no_response", F.col("request_time")).otherwise(
+    return attempts.withColumn("batch_key", key).withColumns(
+        {
+            "attempt": F.row_number().over(chain),
+            "attempts": F.count(F.lit(1)).over(Window.partitionBy("batch_key")),
+            "next_request_time": F.lead("request_time").over(chain),
+            "next_broker_ip": F.lead("broker_ip").over(chain),
+            "next_broker_port": F.lead("broker_port").over(chain),
+            "ended_time": F.when(F.col("outcome") == "no_response", F.col("request_time")).otherwise(
                 F.coalesce("response_time", "request_time")
             ),
-        )
+        }
     )
 
 
@@ -439,6 +437,8 @@ def inferred_resends(
             F.when(F.col("outcome") == "failed", F.col("request_time")).alias("_err_time"),
         )
     )
+    # read four times, in two plans: one leaf, so that none broadcasts ``wanted`` again
+    sends = materialize(sends)
     errors = sends.where(F.col("_err_time").isNotNull())
     leaders = (
         _metadata_leaders(exchanges, wanted.select(*where).distinct())
@@ -553,8 +553,17 @@ def batch_fates(
         F.sum(F.when(F.col("outcome") == "no_response", 1).otherwise(0)).alias("unanswered_attempts"),
         last.alias("last"),
     )
-    batches = batches.select("*", *[F.col(f"last.{c}").alias(f"last_{c}") for c in _LAST_FIELDS]).drop("last")
-    batches = batches.withColumnRenamed("last_ended_time", "ended_time")
+    batches = batches.select(
+        "*",
+        *[F.col(f"last.{c}").alias("ended_time" if c == "ended_time" else f"last_{c}") for c in _LAST_FIELDS],
+    ).drop("last")
+    # read by the re-send inference and the fates: one leaf, so that neither recomputes the
+    # aggregate (nor the joins below, inside every broadcast the inference builds on it)
+    batches = materialize(batches)
+    open_end = ~F.col("acked") & ~F.col("acks0")
+    failed = batches.where(open_end & ~F.col("idempotent")).select(
+        "batch_key", "source", "client_key", "topic", "partition", "acks", "ended_time"
+    )
     window_end = exchanges.groupBy("source").agg(
         F.greatest(F.max("request_time"), F.max("response_time")).alias("window_end")
     )
@@ -571,10 +580,6 @@ def batch_fates(
             "_gap", F.lit(None).cast("boolean")
         )
 
-    open_end = ~F.col("acked") & ~F.col("acks0")
-    failed = batches.where(open_end & ~F.col("idempotent")).select(
-        "batch_key", "source", "client_key", "topic", "partition", "acks", "ended_time"
-    )
     resends = inferred_resends(exchanges, attempts, failed, resend_within_s=resend_within_s)
     batches = batches.join(resends, "batch_key", "left")
     horizon_us = F.unix_micros("ended_time") + int(resend_within_s * 1e6)

@@ -149,7 +149,12 @@ def _partition_errors(
     # Produce and Fetch v13+ name topics by id: one topic must have one name on both sides
     results = (
         results.join(F.broadcast(names), F.col("topic") == F.col("topic_id"), "left")
-        .withColumn("topic", F.coalesce("topic_name", "topic"))
+        .withColumns(
+            {
+                "topic": F.coalesce("topic_name", "topic"),
+                "error_time": F.coalesce("response_time", "request_time"),
+            }
+        )
         .drop("topic_id", "topic_name")
     )
     keys = ["source", "client_key", "api_key", "topic", "partition"]
@@ -160,16 +165,18 @@ def _partition_errors(
             code.isin(*watched)
         )
     )
-    wanted = errors.select(*keys).distinct()
-    later = results.join(F.broadcast(wanted), keys, "left_semi").select(
-        *keys, F.col("request_time").alias("sent_time"), "broker_ip", "broker_port"
+    later = results.join(F.broadcast(errors.select(*keys).distinct()), keys, "left_semi")
+    # the retry is the next request, and its broker that of the first such request at that time
+    errors = next_time_after(
+        errors,
+        later,
+        keys,
+        "error_time",
+        "request_time",
+        "retry_time",
+        carry={"broker_ip": "retry_broker_ip", "broker_port": "retry_broker_port"},
     )
-    errors = errors.withColumn("error_time", F.coalesce("response_time", "request_time"))
-    errors = next_time_after(errors, later, keys, "error_time", "sent_time", "retry_time")
-    first = later.groupBy(*keys, F.col("sent_time").alias("retry_time")).agg(
-        F.first("broker_ip").alias("retry_broker_ip"), F.first("broker_port").alias("retry_broker_port")
-    )
-    return errors.join(first, [*keys, "retry_time"], "left").select(
+    return errors.select(
         "source",
         "client_key",
         "client_id",
@@ -290,13 +297,14 @@ def _n(cond: Column) -> Column:
 
 def _dominant(prefix: str = "n_") -> Column:
     """The verdict with the most errors (ties: the worse one); ``unknown`` if none is known."""
-    best, best_n = F.lit("unknown"), F.lit(0).cast("long")
+    # one SQL expression: built as Columns it was ~400 calls into the JVM
+    best, best_n = "'unknown'", "CAST(0 AS BIGINT)"
     for name in _WORST_FIRST[::-1]:  # healthy first: a worse verdict with as many errors wins
-        n = F.coalesce(F.col(f"{prefix}{name}"), F.lit(0).cast("long"))
-        take = (n > 0) & (n >= best_n)
-        best = F.when(take, F.lit(name)).otherwise(best)
-        best_n = F.when(take, n).otherwise(best_n)
-    return best
+        n = f"coalesce(`{prefix}{name}`, CAST(0 AS BIGINT))"
+        take = f"(({n} > 0) AND ({n} >= {best_n}))"
+        best = f"CASE WHEN {take} THEN '{name}' ELSE {best} END"
+        best_n = f"CASE WHEN {take} THEN {n} ELSE {best_n} END"
+    return F.expr(best)
 
 
 def _counted(count: str, text: str) -> Column:
@@ -386,7 +394,10 @@ def error_reaction(events: DataFrame, exchanges: DataFrame) -> DataFrame:
         F.countDistinct(F.when(dropped & F.col("retry_time").isNull(), F.col("batch_key"))).alias(
             "batches_dropped"
         ),
-        F.sum(F.when(dropped & F.col("retry_time").isNull(), F.col("record_count"))).alias("records_dropped"),
+        F.coalesce(
+            F.sum(F.when(dropped & F.col("retry_time").isNull(), F.col("record_count"))),
+            F.lit(0).cast("long"),
+        ).alias("records_dropped"),
         *[_n(F.col("verdict") == v).alias(f"n_{v}") for v in VERDICTS],
         F.array_sort(
             F.collect_set(F.concat_ws(":", F.col("broker_ip"), F.col("broker_port").cast("string")))
@@ -397,7 +408,6 @@ def error_reaction(events: DataFrame, exchanges: DataFrame) -> DataFrame:
             "example_correlation_ids"
         ),
     )
-    grouped = grouped.withColumn("records_dropped", F.coalesce("records_dropped", F.lit(0).cast("long")))
     verdict = _dominant()
     shows, cannot = _wire_text(verdict)
     out = grouped.select(

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from spark_jobs import py4j_cache
 from spark_jobs.class_archive import archive_options, note_driver_pid
 
 __all__ = [
@@ -158,6 +159,7 @@ def build_session(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    py4j_cache.install()  # two of every three calls into the JVM while the jobs build
     if recording is not None:
         note_driver_pid(recording, spark)
     if not is_local_master(spark.sparkContext.master) and small_data(data_bytes):
