@@ -16,6 +16,8 @@ shadow it with another class of the same simple name is not seen (PySpark import
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Any
 
 from py4j import java_gateway as jg
 from py4j import protocol as proto
@@ -26,43 +28,42 @@ _LOCK = threading.Lock()
 _INSTALLED = False
 
 
+def _remembering(lookup: Callable[[Any, str], Any], scope: str, keep: Callable[[Any, Any], bool]) -> Any:
+    """A ``__getattr__`` that answers from memory what ``lookup`` found and ``keep`` accepts, per
+    gateway client and ``scope`` (the view's id, the class's name)."""
+    # key -> (the gateway client, the answer): the client is held so that its id is not reused
+    kept: dict[tuple[int, str, str], tuple[object, object]] = {}
+
+    def getattr_(self: Any, name: str) -> Any:
+        if name.startswith("_"):  # py4j's own attributes, while the object is being made
+            return lookup(self, name)
+        client = self._gateway_client
+        key = (id(client), getattr(self, scope), name)
+        known = kept.get(key)
+        if known is not None and known[0] is client:
+            return known[1]
+        hit = lookup(self, name)
+        if keep(self, hit):
+            kept[key] = (client, hit)
+        return hit
+
+    return getattr_
+
+
+def _a_class(_view: Any, hit: Any) -> bool:
+    return isinstance(hit, jg.JavaClass)  # a package may gain classes: not kept
+
+
+def _a_static_method(cls: Any, hit: Any) -> bool:
+    return isinstance(hit, jg.JavaMember) and hit.target_id == proto.STATIC_PREFIX + cls._fqn
+
+
 def install() -> None:
     """Remember static look-ups from now on, in this process (idempotent)."""
     global _INSTALLED
     with _LOCK:
         if _INSTALLED:
             return
-        view_lookup, class_lookup = jg.JVMView.__getattr__, jg.JavaClass.__getattr__
-        # key -> (the gateway client, the answer): the client held so its id is not reused
-        classes: dict[tuple[int, str, str], tuple[object, object]] = {}
-        members: dict[tuple[int, str, str], tuple[object, object]] = {}
-
-        def view_getattr(self, name):
-            if name.startswith("_"):  # py4j's own attributes, while the object is being made
-                return view_lookup(self, name)
-            client = self._gateway_client
-            key = (id(client), self._id, name)
-            kept = classes.get(key)
-            if kept is not None and kept[0] is client:
-                return kept[1]
-            hit = view_lookup(self, name)
-            if isinstance(hit, jg.JavaClass):  # a package may gain classes: not kept
-                classes[key] = (client, hit)
-            return hit
-
-        def class_getattr(self, name):
-            if name.startswith("_"):
-                return class_lookup(self, name)
-            client = self._gateway_client
-            key = (id(client), self._fqn, name)
-            kept = members.get(key)
-            if kept is not None and kept[0] is client:
-                return kept[1]
-            hit = class_lookup(self, name)
-            if isinstance(hit, jg.JavaMember) and hit.target_id == proto.STATIC_PREFIX + self._fqn:
-                members[key] = (client, hit)
-            return hit
-
-        jg.JVMView.__getattr__ = view_getattr
-        jg.JavaClass.__getattr__ = class_getattr
+        jg.JVMView.__getattr__ = _remembering(jg.JVMView.__getattr__, "_id", _a_class)
+        jg.JavaClass.__getattr__ = _remembering(jg.JavaClass.__getattr__, "_fqn", _a_static_method)
         _INSTALLED = True
