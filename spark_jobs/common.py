@@ -359,9 +359,14 @@ def next_time_after(
     )
 
 
+def _sql_string(text: str) -> str:
+    """``text`` as a Spark SQL string literal (backslash escapes, the parser's default)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def _lookup(table: dict[int, str], code: Column) -> Column:
     # the map as one SQL literal: a Column per key and value was ~300 calls into the JVM per use
-    pairs = ", ".join(f"{int(k)}, '{v.replace(chr(39), chr(39) * 2)}'" for k, v in table.items())
+    pairs = ", ".join(f"{int(k)}, {_sql_string(v)}" for k, v in table.items())
     return F.expr(f"map({pairs})")[code.cast("int")]
 
 
