@@ -1,4 +1,4 @@
-"""The compiled parts (decoder/_layoutvm.c, decoder/_pcapscan.c); everything else is in pyproject.toml.
+"""The compiled parts (decoder/_layoutvm.c, decoder/_pcapscan.c, decoder/_rowvalues.c); everything else is in pyproject.toml.
 
 A build failure fails ``pip install`` (and so ``scripts/bootstrap-venv``) with the compiler's
 message: the extension is not optional.
@@ -12,6 +12,12 @@ setup(
             "decoder._layoutvm",
             ["decoder/_layoutvm.c"],
             extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-missing-braces"],
+            optional=False,
+        ),
+        Extension(
+            "decoder._rowvalues",
+            ["decoder/_rowvalues.c"],
+            extra_compile_args=["-O2", "-std=c99", "-Wall"],
             optional=False,
         ),
         Extension(

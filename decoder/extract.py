@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from decoder.compiled import load
 from decoder.records import (
+    CODEC_OF,
     CODECS,
     MAX_BATCHES_KEPT,
     MAX_MESSAGE_CRCS_KEPT,
@@ -186,7 +188,7 @@ class _RequestScan:
 
 
 def request_values(api_key: int, fields: dict[str, Any] | None) -> dict[str, Any]:
-    """Row values read from a request body."""
+    """Row values read from a request body (the reference of ``decoder._rowvalues``)."""
     if not fields:
         return {}
     found = _RequestScan()
@@ -371,7 +373,7 @@ class _ResponseScan:
 
 
 def response_values(api_key: int, fields: dict[str, Any] | None) -> dict[str, Any]:
-    """Row values read from a response body."""
+    """Row values read from a response body (the reference of ``decoder._rowvalues``)."""
     if not fields:
         return {}
     found = _ResponseScan(api_key)
@@ -423,14 +425,35 @@ def response_values(api_key: int, fields: dict[str, Any] | None) -> dict[str, An
     return values
 
 
+# The same walks compiled (decoder/_rowvalues.c: why, and how it falls back to the functions
+# above); KWIRE_PURE_PYTHON=1 leaves them out.
+_rowvalues = load("_rowvalues", "compiled row values")
+if _rowvalues is not None:
+    _rowvalues.configure(
+        RecordsSummary,
+        batch_identity,
+        CODEC_OF,
+        _CODEC_NAMES,
+        MAX_BATCHES_KEPT,
+        MAX_MESSAGE_CRCS_KEPT,
+        request_values,
+        response_values,
+    )
+    _request_values = _rowvalues.request_values
+    _response_values = _rowvalues.response_values
+else:
+    _request_values = request_values
+    _response_values = response_values
+
+
 def exchange_values(
     api_key: int, request_fields: dict[str, Any] | None, response_fields: dict[str, Any] | None
 ) -> dict[str, Any]:
     """Request values, overlaid by response values where the response knows better."""
-    values = request_values(api_key, request_fields)
+    values = _request_values(api_key, request_fields)
     if not response_fields:
         return values
-    for key, value in response_values(api_key, response_fields).items():
+    for key, value in _response_values(api_key, response_fields).items():
         if key in values and (key == "member_id" or key == "generation_id" or key == "records"):
             # the request's own ids win, the response's fill in (JoinGroup assigns them); a
             # Produce request's record count is the one the row keeps

@@ -17,6 +17,7 @@ from typing import Any
 
 __all__ = [
     "CODECS",
+    "CODEC_OF",
     "LEGACY_DECOMPRESS_LIMIT",
     "MAX_BATCHES_KEPT",
     "MAX_MESSAGE_CRCS_KEPT",
@@ -40,7 +41,7 @@ _V2_HEADER = struct.Struct(">qiibIhiqqqhii")
 _LEGACY_CRC = struct.Struct(">I")  # at offset 12
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
-_CODEC_OF = (*CODECS, None, None, None)  # attributes & 7; 5-7 are not codecs
+CODEC_OF = (*CODECS, None, None, None)  # attributes & 7; 5-7 are not codecs
 
 
 class RecordsSummary(tuple):  # type: ignore[type-arg]
@@ -122,7 +123,7 @@ def batch_identity(
             "partition_leader_epoch": epoch,
             "magic": 2,
             "crc": crc,
-            "compression": _CODEC_OF[attrs & 7],
+            "compression": CODEC_OF[attrs & 7],
             "transactional": attrs & 16 != 0,
             "control": attrs & 32 != 0,
             "producer_id": pid,
@@ -159,7 +160,7 @@ def _legacy_identity(buf: Any, pos: int, total: int, magic: int, codec: int, off
         "partition_leader_epoch": None,
         "magic": magic,
         "crc": _LEGACY_CRC.unpack_from(buf, pos + 12)[0],
-        "compression": _CODEC_OF[codec],
+        "compression": CODEC_OF[codec],
         "transactional": False,
         "control": False,
         "producer_id": None,

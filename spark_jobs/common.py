@@ -359,15 +359,12 @@ def next_time_after(
     )
 
 
-def _sql_string(text: str) -> str:
-    """``text`` as a Spark SQL string literal (backslash escapes, the parser's default)."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def _lookup(table: dict[int, str], code: Column) -> Column:
-    # the map as one SQL literal: a Column per key and value was ~300 calls into the JVM per use
-    pairs = ", ".join(f"{int(k)}, {_sql_string(v)}" for k, v in table.items())
-    return F.expr(f"map({pairs})")[code.cast("int")]
+    # The map is one JSON string literal that Spark folds to a map constant once per plan. A
+    # Column per key and value was ~300 calls into the JVM per use; the same map as SQL text,
+    # map(k, v, ...), cost its parser (ANTLR) about a second of driver CPU per analysis.
+    text = json.dumps({str(int(k)): v for k, v in table.items()})
+    return F.from_json(F.lit(text), "map<string,string>")[code.cast("int").cast("string")]
 
 
 def error_name(code: Column) -> Column:

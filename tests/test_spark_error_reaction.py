@@ -320,3 +320,22 @@ def test_delivery_follows_batches_from_produce_to_fetch(spark) -> None:  # noqa:
     assert (p1.records_unacknowledged, p1.records_unknown, p1.records_dropped) == (1, 1, 0)
     assert "acks=0" in p1.wire_cannot_show and "too near the end" in p1.wire_cannot_show
     assert (p2.records_acked, p2.batches_fetched, p2.records_lost) == (1, 1, 0)  # the id named by Metadata
+
+
+def test_dominant_verdict_takes_the_most_errors_and_the_worse_on_a_tie(spark) -> None:  # noqa: F811
+    from spark_jobs.error_reaction import _WORST_FIRST, _dominant
+
+    drop, no_refresh, new_leader, refresh = _WORST_FIRST
+    counts = [  # (counts by verdict, expected)
+        ({refresh: 3, drop: 1}, refresh),
+        ({refresh: 2, drop: 2}, drop),
+        ({new_leader: 1, refresh: 1}, new_leader),
+        ({no_refresh: 5, new_leader: 5, refresh: 7}, refresh),
+        ({refresh: None, drop: None}, "unknown"),
+        ({}, "unknown"),
+        ({no_refresh: 0, refresh: 1}, refresh),
+    ]
+    schema = ", ".join(f"n_{name} long" for name in _WORST_FIRST)
+    rows = [tuple(given.get(name, 0) for name in _WORST_FIRST) for given, _ in counts]
+    got = spark.createDataFrame(rows, schema).select(_dominant().alias("v")).collect()
+    assert [r.v for r in got] == [want for _, want in counts]

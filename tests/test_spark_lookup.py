@@ -1,4 +1,4 @@
-"""``common._lookup``: a code-to-name table as one SQL map literal, names quoted safely."""
+"""``common._lookup``: a code-to-name table as one JSON map literal, names kept as written."""
 
 from __future__ import annotations
 
