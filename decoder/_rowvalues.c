@@ -329,7 +329,8 @@ static int note_strings(PyObject *node, PyObject *key, PyObject *found, PyObject
     return 0;
 }
 
-static int scan_request(ReqScan *s, PyObject *node, PyObject *topic, PyObject *topic_id, int depth) {
+static int scan_request(void *scan, PyObject *node, PyObject *topic, PyObject *topic_id, int depth) {
+    ReqScan *s = scan;
     if (!PyDict_CheckExact(node) || depth > 200)
         return -1;
     if (note_strings(node, k_topic, s->topics, &topic) < 0 || note_strings(node, k_topic_id, s->topic_ids, &topic_id) < 0 ||
@@ -354,7 +355,7 @@ static int scan_request(ReqScan *s, PyObject *node, PyObject *topic, PyObject *t
         if (partition == NULL || add_batches(&s->kept, summary, topic, topic_id, partition, 1) < 0)
             return -1;
     }
-    return each_child(node, (Visit)scan_request, s, topic, topic_id, depth + 1);
+    return each_child(node, scan_request, s, topic, topic_id, depth + 1);
 }
 
 static PyObject *request_values_c(long api_key, PyObject *fields) {
@@ -436,7 +437,8 @@ static int endpoint(RespScan *s, PyObject *node) {
 
 static int has(PyObject *node, PyObject *key) { return PyDict_Contains(node, key); }
 
-static int scan_response(RespScan *s, PyObject *node, PyObject *topic, PyObject *topic_id, int depth) {
+static int scan_response(void *scan, PyObject *node, PyObject *topic, PyObject *topic_id, int depth) {
+    RespScan *s = scan;
     if (!PyDict_CheckExact(node) || depth > 200)
         return -1;
     PyObject *v = get(node, k_topic);
@@ -537,7 +539,7 @@ static int scan_response(RespScan *s, PyObject *node, PyObject *topic, PyObject 
                 return -1;
         }
     }
-    return each_child(node, (Visit)scan_response, s, topic, topic_id, depth + 1);
+    return each_child(node, scan_response, s, topic, topic_id, depth + 1);
 }
 
 /* extract._api_versions_entry: exactly the keys api_key, min_version, max_version */
@@ -553,7 +555,8 @@ static int api_versions_entry(PyObject *node) {
     return 1;
 }
 
-static int scan_child(RespScan *s, PyObject *child, PyObject *topic, PyObject *topic_id, int depth) {
+static int scan_child(void *scan, PyObject *child, PyObject *topic, PyObject *topic_id, int depth) {
+    RespScan *s = scan;
     if (!PyDict_CheckExact(child))
         return -1;
     if (s->api_key == API_VERSIONS) {
@@ -574,7 +577,7 @@ static int scan_below(RespScan *s, PyObject *root) {
         topic = Py_None;
     if (!PyUnicode_CheckExact(topic_id))
         topic_id = Py_None;
-    return each_child(root, (Visit)scan_child, s, topic, topic_id, 1);
+    return each_child(root, scan_child, s, topic, topic_id, 1);
 }
 
 static PyObject *response_values_c(long api_key, PyObject *fields) {
