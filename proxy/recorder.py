@@ -458,6 +458,8 @@ class Recorder:
             "dropped_rows": conn.dropped_rows,
             "date": utc_date(conn.first_ns),
         }
+        if row["protocol"] != "kafka":  # as kwire decode: no Kafka decoder, so no Kafka counts
+            row.update(frames_to_broker=None, frames_to_client=None, resyncs=None, client_id=None)
         if self.writer is not None:
             self._conn_rows.append(row)
 

@@ -417,8 +417,13 @@ class Session:
             {
                 "bytes_to_broker": self.bytes_from_client,
                 "bytes_to_client": self.bytes_to_client,
-                # a stream forwarded blindly did not look like Kafka, as kwire decode would say
-                "protocol": "other" if self.c_blind or self.b_blind else "kafka",
+                # a stream forwarded blindly did not look like Kafka, and one that carried no byte
+                # either way showed nothing: "other", as kwire decode says of both
+                "protocol": (
+                    "other"
+                    if self.c_blind or self.b_blind or not (self.bytes_from_client or self.bytes_to_client)
+                    else "kafka"
+                ),
             },
         )
 

@@ -649,6 +649,29 @@ def test_client_end_of_stream_still_gets_the_responses(fake: FakeBroker, tmp_pat
     assert set(table["status"].to_pylist()) == {"ok"}
 
 
+def test_a_connection_that_carries_nothing_reads_as_kwire_decode_reads_it(
+    fake: FakeBroker, tmp_path: Path
+) -> None:
+    """Connected and closed without a byte either way (a health check, a client giving up): no
+    Kafka was seen, so the row says "other" with no Kafka counts, as kwire decode says of the same
+    connection in a capture (a real-cluster comparison found the two rows differing)."""
+    with (
+        ProxyThread(proxy_config(fake.port, tmp_path)) as running,
+        socket.create_connection(("127.0.0.1", running.proxy.listen_port)) as s,
+    ):
+        time.sleep(0.2)  # the proxy has accepted and connected upstream
+        s.shutdown(socket.SHUT_WR)
+        s.settimeout(5)
+        assert s.recv(10) == b""
+    assert not list(tmp_path.glob("exchanges/**/*.parquet"))
+    [connection] = ds.dataset(tmp_path / "connections", partitioning="hive").to_table().to_pylist()
+    assert (connection["bytes_to_broker"], connection["bytes_to_client"]) == (0, 0)
+    assert connection["protocol"] == "other"
+    assert [connection[c] for c in ("frames_to_broker", "frames_to_client", "resyncs", "client_id")] == [
+        None
+    ] * 4
+
+
 def _unanswering_listener() -> tuple[socket.socket, list[socket.socket]]:
     """A listener whose accept queue is full and never served: a connection attempt to it
     gets no answer (Linux drops the SYN) until the connecting side gives up."""
