@@ -297,8 +297,8 @@ def _n(cond: Column) -> Column:
 
 def _dominant(prefix: str = "n_") -> Column:
     """The verdict with the most errors (ties: the worse one); ``unknown`` if none is known."""
-    # The greatest of (count, worseness, verdict) structs. As one nested SQL CASE this was 3 KB
-    # of text whose parse (ANTLR) cost more driver CPU than the rest of the job's expressions.
+    # The greatest of (count, worseness, verdict) structs. As one nested SQL CASE it was 3 KB of
+    # text that Spark's parser read again wherever a DataFrame used it (see common._lookup).
     zero = F.lit(0).cast("long")
     ranked = [
         F.struct(
