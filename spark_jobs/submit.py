@@ -28,7 +28,7 @@ from pyspark.sql import functions as F
 from spark_jobs.common import Tables, combine_runs, load_tables
 from spark_jobs.jobs import JOBS, parse_job_list, run_jobs
 from spark_jobs.kafka_versions import BrokerVersions, load_broker_versions
-from spark_jobs.session import build_session, dataset_bytes
+from spark_jobs.session import build_session, dataset_bytes, small_data
 
 __all__ = ["analyse", "main", "only_sources", "write_results"]
 
@@ -82,7 +82,12 @@ def analyse(
         tables = only_sources(tables, sources)
     if combined:
         tables = combine_runs(tables)
-    context = {"spark": spark, "versions": versions, "target_releases": list(target_releases)}
+    context = {
+        "spark": spark,
+        "versions": versions,
+        "target_releases": list(target_releases),
+        "small_data": small_data(dataset_bytes(dataset)),  # a job may plan differently for it
+    }
 
     def run_one(name: str) -> tuple[dict[str, DataFrame], dict[str, float]]:
         spark.sparkContext.setJobDescription(name)  # labels its Spark jobs (UI, event log)

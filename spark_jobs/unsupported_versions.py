@@ -310,11 +310,21 @@ def audit_release(exchanges: DataFrame, releases: DataFrame) -> DataFrame:
     )
 
 
-def run(tables, *, spark: SparkSession, versions: BrokerVersions | None = None, target_releases=(), **params):
+def run(
+    tables,
+    *,
+    spark: SparkSession,
+    versions: BrokerVersions | None = None,
+    target_releases=(),
+    silence_s: float = 5.0,
+    **_,
+):
     releases = release_table(spark, versions, list(target_releases)) if versions and target_releases else None
     return {
         "unsupported_versions": ordered(
-            unsupported_versions(tables.exchanges, tables.connections, releases=releases, **params),
+            unsupported_versions(
+                tables.exchanges, tables.connections, releases=releases, silence_s=silence_s
+            ),
             F.col("severity"),
             F.col("count").desc(),
         )
