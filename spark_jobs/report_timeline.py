@@ -92,6 +92,9 @@ def _sources(exchanges: DataFrame, connections: DataFrame, max_buckets: int) -> 
             F.sum("_errors").alias("error_results"),
         )
     )
+    # computed once: the collect below and the join after it would each run the aggregate (two
+    # distinct counts over every exchange, all in one task per run)
+    spans = materialize(spans)
     rows = spans.collect()  # one row per run
     widths = [
         (
