@@ -14,7 +14,10 @@ Spark's event log: ``--keep --workdir DIR``, then ``bench/analyze_profile.py DIR
 The mix: 60 clients (Java, librdkafka, sarama, kafka-python, some that announce no software;
 one client id shared by three hosts), 3 brokers, Produce/Fetch-heavy traffic with Metadata,
 group and coordinator APIs, a KAFKA_STORAGE_ERROR episode on broker 2 with its leaders moving
-to broker 3, a NOT_COORDINATOR storm, unanswered requests, acks 0/1/all producers, reconnects.
+to broker 3, a NOT_COORDINATOR storm, unanswered requests, acks 0/1/all producers, reconnects,
+and every Produce request's record batches (one v2 batch per partition; a batch after a failed
+one of its client and partition is its retry, with the same identity), so that the delivery and
+error_reaction jobs follow batches as on real traffic (before 2026-11-29 there were none).
 """
 
 from __future__ import annotations
@@ -162,6 +165,7 @@ def synthesize(root: Path, n: int, seed: int = 7) -> dict[str, int]:
     )
     partition_errors = pa.ListArray.from_arrays(pa.array(offsets), pe_values, mask=pa.array(~has_parts))
     topics = pa.ListArray.from_arrays(pa.array(offsets), topic_names, mask=pa.array(~has_parts))
+    batches = _batches(rng, n, api_key, cl, t_us, has_parts, n_parts, offsets, p_topic, p_part, p_err)
 
     # Metadata responses: 24 partitions each (a client's block), 3 brokers; broker 2's leaders
     # move to broker 3 from the incident on (epoch + 1)
@@ -269,7 +273,10 @@ def synthesize(root: Path, n: int, seed: int = 7) -> dict[str, int]:
         "topics": topics,
         "acks": pa.array(acks, mask=api_key != 0),
         "timeout_ms": pa.array(np.full(n, 30000, np.int32)),
-        "record_batches": pa.array(np.where(api_key == 0, 1, 0).astype(np.int32), mask=api_key != 0),
+        "batches": batches,
+        "record_batches": pa.array(
+            batches.value_lengths().fill_null(0).to_numpy().astype(np.int32), mask=api_key != 0
+        ),
         "records": pa.array(records, mask=api_key != 0),
         "compression": pa.array(np.full(n, None, object), pa.string()),
         "metadata_brokers": metadata_brokers,
@@ -324,6 +331,76 @@ def synthesize(root: Path, n: int, seed: int = 7) -> dict[str, int]:
         (first // 86_400_000_000) * 86_400,
     )
     return {"exchanges": n, "connections": m, "partition_results": total}
+
+
+def _batches(
+    rng: np.random.Generator,
+    n: int,
+    api_key: np.ndarray,
+    cl: np.ndarray,
+    t_us: np.ndarray,
+    has_parts: np.ndarray,
+    n_parts: np.ndarray,
+    offsets: np.ndarray,
+    p_topic: np.ndarray,
+    p_part: np.ndarray,
+    p_err: np.ndarray,
+) -> pa.ListArray:
+    """The record batches of every Produce request: one v2 batch per partition (an answered
+    request's are the partitions of its results). A batch sent after a failed one of the same
+    client and partition is its retry: the same identity (producer id, epoch and base sequence
+    for an idempotent client, 60% of them; the CRC for all), as a real producer sends it again.
+    Without batches the delivery and error_reaction jobs had no Produce batch to follow."""
+    is_produce = api_key == 0
+    nb = np.where(is_produce, np.where(has_parts, n_parts, rng.integers(1, 4, n)), 0)
+    b_off = np.concatenate([[0], np.cumsum(nb)]).astype(np.int32)
+    total = int(b_off[-1])
+    row = np.repeat(np.arange(n), nb)
+    topic = rng.integers(0, len(TOPICS), total)
+    part = rng.integers(0, PARTS_PER_TOPIC, total).astype(np.int32)
+    copied = has_parts[row]
+    src = offsets[row] + (np.arange(total) - b_off[row])
+    topic[copied], part[copied] = p_topic[src[copied]], p_part[src[copied]]
+    failed = np.zeros(total, bool)
+    failed[copied] = p_err[src[copied]] != 0
+    client = cl[row].astype(np.int64)
+    # per (client, topic, partition) in time order: a batch's sequence is the count of batches
+    # before it that did not fail (a failed batch's retry takes its sequence)
+    order = np.lexsort((t_us[row], part, topic, client))
+    group = (client * len(TOPICS) + topic) * PARTS_PER_TOPIC + part
+    g = group[order]
+    starts = np.r_[True, g[1:] != g[:-1]]
+    ok = (~failed[order]).astype(np.int64)
+    before = np.cumsum(ok) - ok
+    seq_sorted = before - np.maximum.accumulate(np.where(starts, before, 0))
+    seq = np.empty(total, np.int64)
+    seq[order] = seq_sorted
+    idempotent = (np.arange(N_CLIENTS) % 5 < 3)[client]
+    records = rng.integers(1, 100, total).astype(np.int32)
+    crc = (group * 2_000_003 + seq) % (1 << 32)
+    first_ms = t_us[row] // 1000
+    b_type = EXCHANGES_SCHEMA.field("batches").type.value_type
+    values = {
+        "topic": _strings(TOPICS, topic),
+        "partition": pa.array(part),
+        "base_offset": pa.array(np.zeros(total, np.int64)),
+        "last_offset_delta": pa.array(records - 1),
+        "partition_leader_epoch": pa.array(np.full(total, -1, np.int32)),
+        "magic": pa.array(np.full(total, 2, np.int8)),
+        "crc": pa.array(crc),
+        "transactional": pa.array(np.zeros(total, bool)),
+        "control": pa.array(np.zeros(total, bool)),
+        "producer_id": pa.array(np.where(idempotent, 1000 + client, -1)),
+        "producer_epoch": pa.array(np.where(idempotent, 0, -1).astype(np.int16)),
+        "base_sequence": pa.array(np.where(idempotent, seq * 100, -1).astype(np.int32)),
+        "record_count": pa.array(records),
+        "first_timestamp_ms": pa.array(first_ms),
+        "max_timestamp_ms": pa.array(first_ms),
+    }
+    fields = [values[f.name] if f.name in values else pa.nulls(total, f.type) for f in b_type]
+    return pa.ListArray.from_arrays(
+        pa.array(b_off), pa.StructArray.from_arrays(fields, fields=list(b_type)), mask=pa.array(~is_produce)
+    )
 
 
 def _write_by_date(base: Path, table: pa.Table, day_s: np.ndarray, rows_per_file: int = 2_000_000) -> None:
