@@ -376,8 +376,8 @@ def _batches(
     seq = np.empty(total, np.int64)
     seq[order] = seq_sorted
     idempotent = (np.arange(N_CLIENTS) % 5 < 3)[client]
-    records = rng.integers(1, 100, total).astype(np.int32)
     crc = (group * 2_000_003 + seq) % (1 << 32)
+    records = (1 + crc * 7919 % 99).astype(np.int32)  # a retry holds the same records
     first_ms = t_us[row] // 1000
     b_type = EXCHANGES_SCHEMA.field("batches").type.value_type
     values = {

@@ -535,7 +535,16 @@ def batch_fates(
         F.count(F.lit(1)).alias("attempts"),
         F.min("request_time").alias("first_sent"),
         F.max("request_time").alias("last_sent"),
-        F.countDistinct("broker_ip", "broker_port").alias("brokers"),
+        # distinct brokers as the size of a set: a distinct count beside the other aggregates made
+        # Spark expand every attempt and aggregate twice
+        F.size(
+            F.collect_set(
+                F.when(
+                    F.col("broker_ip").isNotNull() & F.col("broker_port").isNotNull(),
+                    F.struct("broker_ip", "broker_port"),
+                )
+            )
+        ).cast("long").alias("brokers"),
         F.max(F.col("outcome") == "acked").alias("acked"),
         F.min(F.col("outcome") == "unacknowledged").alias("acks0"),
         F.array_sort(F.collect_set(F.when(F.col("outcome") == "acked", F.col("offset")))).alias(

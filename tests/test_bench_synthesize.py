@@ -53,7 +53,13 @@ def test_a_failed_batch_is_sent_again_with_its_identity(tmp_path):
     for r in sorted((r for r in rows if r["api_key"] == 0), key=lambda r: r["request_time"]):
         codes = [p["error_code"] for p in r["partition_errors"] or []]  # one per batch, in order
         for i, b in enumerate(r["batches"]):
-            identity = (b["producer_id"], b["producer_epoch"], b["base_sequence"], b["crc"])
+            identity = (
+                b["producer_id"],
+                b["producer_epoch"],
+                b["base_sequence"],
+                b["crc"],
+                b["record_count"],
+            )
             failed = i < len(codes) and codes[i] != 0
             sent[(r["client_ip"], b["topic"], b["partition"])].append((identity, failed))
     retried = fresh = 0
