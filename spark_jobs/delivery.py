@@ -544,7 +544,9 @@ def batch_fates(
                     F.struct("broker_ip", "broker_port"),
                 )
             )
-        ).cast("long").alias("brokers"),
+        )
+        .cast("long")
+        .alias("brokers"),
         F.max(F.col("outcome") == "acked").alias("acked"),
         F.min(F.col("outcome") == "unacknowledged").alias("acks0"),
         F.array_sort(F.collect_set(F.when(F.col("outcome") == "acked", F.col("offset")))).alias(

@@ -97,6 +97,10 @@ def _flag(condition: Column) -> Column:
 _NEAR_US = 100_000
 #: Width of the buckets a silence is covered by, to find the requests sent in it.
 _COVER_US = 1_000_000
+#: At most this many cover buckets (one per second of silence) are broadcast: a broker silent
+#: for weeks (decommissioned, on a long proxy recording) would make millions; then every request
+#: is sorted as without buckets.
+_MAX_COVER_BUCKETS = 2_000_000
 
 
 def _bucket(time: Column, width_us: int) -> Column:
@@ -309,7 +313,7 @@ def _answered_late(exchanges: DataFrame, silences: DataFrame, *, thin: bool = Tr
     sent = exchanges.where(F.col("response_time").isNotNull() & F.col("request_time").isNotNull()).select(
         *_BROKER, "request_time", "response_time"
     )
-    if thin:
+    if thin and _cover_buckets(silences) <= _MAX_COVER_BUCKETS:
         sent = _covered(sent, silences)
     return (
         _assign(sent, silences, "request_time")
@@ -317,6 +321,12 @@ def _answered_late(exchanges: DataFrame, silences: DataFrame, *, thin: bool = Tr
         .groupBy(*_BROKER, "silence_start")
         .agg(F.count(F.lit(1)).alias("requests_answered_late"))
     )
+
+
+def _cover_buckets(silences: DataFrame) -> int:
+    """How many ``_COVER_US`` buckets the silences cover (one small Spark job)."""
+    span = _bucket(F.col("silence_end"), _COVER_US) - _bucket(F.col("silence_start"), _COVER_US)
+    return int(silences.select(F.sum(span / _COVER_US + 1)).first()[0] or 0)
 
 
 def _covered(sent: DataFrame, silences: DataFrame) -> DataFrame:

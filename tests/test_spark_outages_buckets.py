@@ -131,9 +131,17 @@ def test_silences_are_the_long_gaps_between_consecutive_responses(spark, seed): 
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_requests_answered_late_are_counted_per_silence(spark, seed):  # noqa: F811
+@pytest.mark.parametrize("cover_cap", [None, 0])
+def test_requests_answered_late_are_counted_per_silence(spark, seed, cover_cap, monkeypatch):  # noqa: F811
+    """Also past the cap on cover buckets (0: every request sorted, as without buckets)."""
+    if cover_cap is not None:
+        monkeypatch.setattr(outages, "_MAX_COVER_BUCKETS", cover_cap)
     rows, df = _exchanges(spark, random.Random(seed))
     span, silences = _silences(spark, rows, df)
+    covered = sum(
+        (T0_US + b) // 10**6 - (T0_US + a) // 10**6 + 1 for *_, a, b, _la, _na in _silences_brute(rows, span)
+    )
+    assert outages._cover_buckets(silences) == covered > 0
     late = outages._answered_late(df, silences)
     got = {
         tuple(r[:4]): r[4]
