@@ -349,12 +349,20 @@ def _tcpdump_binary() -> str | None:
 class Tcpdump:
     """Capture loopback TCP traffic on some ports to a pcap file.
 
-    Runs ``tcpdump -i lo --immediate-mode -U -w FILE -s 0 -B 65536 'tcp port P1 or tcp port P2'``
+    Runs ``tcpdump -i lo -U -w FILE -s 0 -B 65536 'tcp port P1 or tcp port P2'``
     (plus ``-Z root`` when root), returns from
-    ``__enter__`` only once tcpdump reports "listening on", and on exit waits a
-    moment for the last packets, stops tcpdump with SIGINT and waits for it so the
+    ``__enter__`` only once tcpdump reports "listening on", and on exit waits
+    ``settle`` seconds for the last packets, stops tcpdump with SIGINT and waits for it so the
     file is complete. ``packets`` holds tcpdump's "N packets captured" count and
     ``dropped`` its "N packets dropped by kernel" count.
+
+    No ``--immediate-mode``: it makes libpcap use a TPACKET_V2 ring of fixed slots as large as
+    lo's 65536-byte MTU, and loopback puts every packet in the ring twice (libpcap drops the
+    outgoing copy in user space). A 64 MiB ring then holds about 500 packets: a quiet ping-pong
+    of 2,000 messages lost 631 of them here, and CI's scenario 001 lost 73. The TPACKET_V3 ring
+    packs packets into blocks and held every packet (3,987) of a burst sent while tcpdump was stopped.
+    Its price is latency: a block reaches tcpdump when full or 1 s (tcpdump's timeout) after its
+    first packet, so ``settle`` defaults to 1.5 s (0.5 s lost the last packets of a busy stream).
     """
 
     def __init__(
@@ -363,7 +371,7 @@ class Tcpdump:
         ports: Sequence[int],
         interface: str = "lo",
         start_timeout: float = 10.0,
-        settle: float = 0.5,
+        settle: float = 1.5,
         bpf: str | None = None,
     ) -> None:
         if not ports:
@@ -387,13 +395,10 @@ class Tcpdump:
         if binary is None:
             raise RuntimeError("tcpdump not found; run scripts/install-system-deps")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        # --immediate-mode: without it libpcap's TPACKET_V3 ring hands packets over in
-        # blocks, and here tcpdump stopped with most of a 2 s capture still unread.
         self.command = [
             binary,
             "-i",
             self.interface,
-            "--immediate-mode",
             "-U",
             "-w",
             str(self.path),

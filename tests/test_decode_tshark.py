@@ -28,15 +28,12 @@ from __future__ import annotations
 
 import bisect
 import importlib
-import os
 import re
 import shutil
-import signal
 import struct
 import subprocess
 import sys
 import threading
-import time
 import zlib
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -50,6 +47,7 @@ import coverage_report
 import dpkt
 import pytest
 from realkafka import (
+    Tcpdump,
     aiokafka_scenario,
     confluent_scenario,
     kafka_python_scenario,
@@ -1045,65 +1043,15 @@ def _run_clients(bootstrap: str, prefix: str) -> list[dict[str, Any]]:
     return out
 
 
-class BufferedTcpdump:
-    """tcpdump on lo with a 64 MiB kernel buffer (-B): the suite's Tcpdump uses the default 2 MiB and
-    drops packets when the machine is busy, and losses would blur a decoder comparison."""
-
-    def __init__(self, path: Path, port: int) -> None:
-        binary = shutil.which("tcpdump") or shutil.which("tcpdump", path="/usr/sbin:/sbin") or "tcpdump"
-        self.path = path
-        self.command = [
-            binary,
-            "-i",
-            "lo",
-            "-B",
-            "65536",
-            "--immediate-mode",
-            "-U",
-            "-s",
-            "0",
-            "-w",
-            str(path),
-        ]
-        self.command += ["-Z", "root"] if os.geteuid() == 0 else []
-        self.command.append(f"tcp port {port}")
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.stderr = b""
-
-    def __enter__(self) -> BufferedTcpdump:
-        self.proc = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        assert self.proc.stderr is not None
-        os.set_blocking(self.proc.stderr.fileno(), False)
-        deadline = time.monotonic() + 10
-        while b"listening on" not in self.stderr:
-            assert time.monotonic() < deadline and self.proc.poll() is None, f"tcpdump: {self.stderr!r}"
-            time.sleep(0.05)
-            self.stderr += self.proc.stderr.read() or b""
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self.proc is not None and self.proc.stderr is not None
-        time.sleep(0.5)
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        os.set_blocking(self.proc.stderr.fileno(), True)
-        self.stderr += self.proc.stderr.read()
-        self.proc.stderr.close()
-
-
 def test_live_clients_match_tshark(tansu: Any, tmp_path: Path) -> None:
     """Fresh traffic: kafka-python, confluent-kafka, aiokafka and kcat against Tansu, captured here."""
     if reason := tcpdump_available():
         pytest.skip(reason)
-    with BufferedTcpdump(tmp_path / "live-clients.pcap", tansu.port) as dump:
+    with Tcpdump(tmp_path / "live-clients.pcap", [tansu.port]) as dump:
         summaries = _run_clients(tansu.bootstrap, "tshark-live")
     assert len(summaries) >= 3 and all(s["acked"] > 0 for s in summaries if s["client"] != "kcat"), summaries
     cmp = compare(dump.path, (tansu.port,))
-    print(f"tcpdump: {dump.stderr.decode(errors='replace').strip().splitlines()[-3:]}")
+    print(f"tcpdump: {dump.packets} packets captured, {dump.dropped} dropped by kernel")
     _check(cmp, None)  # (responses skipped after a packet tcpdump dropped are counted apart)
     assert cmp.skipped_after_gap <= 3
     # tshark 4.0 lacks the versions these clients use first; every kwire-only frame is one of those
