@@ -102,6 +102,26 @@ _LAST_FIELDS = (
     "correlation_id",
 )
 _EXAMPLES = 5
+# a batch's fields taken from its first attempt (they are the same in every attempt of a well-behaved
+# client), and those of an acked copy checked against the fetches
+_FIRST_FIELDS = ("source", "client_key", "topic", "partition", "idempotent", "acks", "record_count")
+_ACKED_FIELDS = (
+    "source",
+    "topic",
+    "partition",
+    "magic",
+    "record_count",
+    "producer_id",
+    "base_sequence",
+    "first_timestamp_ms",
+    "crc",
+    "message_crcs",
+)
+
+
+def _send_order() -> Column:
+    """The order of a batch's attempts: total, so that its first and last never depend on the plan."""
+    return F.struct("request_time", "correlation_id", "connection_id")
 
 
 # ------------------------------------------------------------------------------ attempts
@@ -521,17 +541,13 @@ def batch_fates(
     names = topic_names(exchanges)
     if attempts is None:  # read by every step below: computed once
         attempts = materialize(produce_attempts(exchanges, names))
-    last = F.max_by(F.struct(*_LAST_FIELDS), F.struct("request_time", "correlation_id"))
+    last = F.max_by(F.struct(*_LAST_FIELDS), _send_order())
 
     written = F.col("outcome").isin("acked", "failed") & F.col("offset").isNotNull()
     batches = attempts.groupBy("batch_key").agg(
-        F.first("source").alias("source"),
-        F.first("client_key").alias("client_key"),
-        F.first("topic").alias("topic"),
-        F.first("partition").alias("partition"),
-        F.first("idempotent").alias("idempotent"),
-        F.first("acks").alias("acks"),
-        F.first("record_count").alias("record_count"),
+        # a batch's own fields from its first attempt: first() would take whichever attempt the plan
+        # reads first, and re-sends that disagree (a record count) would flip between plans
+        F.min_by(F.struct(*_FIRST_FIELDS), _send_order()).alias("first"),
         F.count(F.lit(1)).alias("attempts"),
         F.min("request_time").alias("first_sent"),
         F.max("request_time").alias("last_sent"),
@@ -565,9 +581,11 @@ def batch_fates(
         last.alias("last"),
     )
     batches = batches.select(
-        "*",
+        "batch_key",
+        "first.*",
+        *[c for c in batches.columns if c not in ("batch_key", "first", "last")],
         *[F.col(f"last.{c}").alias("ended_time" if c == "ended_time" else f"last_{c}") for c in _LAST_FIELDS],
-    ).drop("last")
+    )
     # read by the re-send inference and the fates: one leaf, so that neither recomputes the
     # aggregate (nor the joins below, inside every broadcast the inference builds on it)
     batches = materialize(batches)
@@ -617,23 +635,8 @@ def batch_fates(
     acked = (
         attempts.where((F.col("outcome") == "acked") & F.col("offset").isNotNull())
         .groupBy("batch_key", "offset")
-        .agg(
-            *[
-                F.first(c).alias(c)
-                for c in (
-                    "source",
-                    "topic",
-                    "partition",
-                    "magic",
-                    "record_count",
-                    "producer_id",
-                    "base_sequence",
-                    "first_timestamp_ms",
-                    "crc",
-                    "message_crcs",
-                )
-            ]
-        )
+        .agg(F.min_by(F.struct(*_ACKED_FIELDS), _send_order()).alias("first"))
+        .select("batch_key", "offset", "first.*")
     )
     checked = fetch_check(acked, fetched_batches(exchanges, names))
     rank = F.array_position(

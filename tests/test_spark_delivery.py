@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 pytest.importorskip("pyspark")
+from pyspark.sql import functions as F
 from spark_fixtures import spark  # noqa: F401
 from typer.testing import CliRunner
 
@@ -288,3 +289,33 @@ def test_other_clients_move_on_after_a_storage_error(lab: Lab) -> None:
         row = lab.reaction(src, client_id, 56)
         assert row["verdict"] in HEALTHY, client_id
         assert row["retries"] == row["errors"] > 0 and row["batches_dropped"] == 0, client_id
+
+
+def test_a_batch_takes_its_fields_from_its_first_attempt_whatever_the_plan_reads_first(
+    spark,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Attempts of one batch that disagree (a client re-sending a batch with another record count)
+    give the batch the first attempt's fields, even when the plan reads the later attempt first."""
+    out = tmp_path / "kafka-python"
+    result = CliRunner().invoke(
+        app, ["decode", str(REPO / "captures" / "tansu-kafka-python.pcap"), "-o", str(out), "-q"]
+    )
+    assert result.exit_code == 0, result.output
+    tables = load_tables(spark, out)
+    attempts = produce_attempts(tables.exchanges)
+    one = attempts.where(F.col("outcome") == "acked").orderBy("request_time").limit(1).collect()[0]
+    later = (
+        attempts.where(F.col("batch_key") == one["batch_key"])
+        .withColumn("request_time", F.col("request_time") + F.expr("INTERVAL 1 SECOND"))
+        .withColumn("correlation_id", F.col("correlation_id") + 1000)
+        .withColumn("record_count", F.col("record_count") + 7)
+        .withColumn("acks", F.lit(-5))
+    )
+    # one partition, the later attempt first: first() took its fields
+    mixed = later.unionByName(attempts).coalesce(1)
+    fates = batch_fates(tables.exchanges, tables.connections, attempts=mixed)
+    row = fates.where(F.col("batch_key") == one["batch_key"]).collect()
+    assert len(row) == 1 and row[0]["attempts"] == 2
+    assert (row[0]["record_count"], row[0]["acks"]) == (one["record_count"], one["acks"])
+    assert row[0]["last_correlation_id"] == one["correlation_id"] + 1000
