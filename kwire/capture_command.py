@@ -84,11 +84,14 @@ class Sidecar:
         return False, f"no capture running on {self.interface} (restarts: {self.restarts})"
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop capturing; the open connections are closed as ``open_at_end``."""
+        """Stop capturing, after the packets still in the kernel's ring; the open connections are
+        closed as ``open_at_end``."""
+        from kwire.live import RING_DELAY_S
+
         self.stopping.set()
         program = self.program
         if program is not None:
-            program.stop()
+            program.stop(drain=RING_DELAY_S)
         self._thread.join(timeout)
         for event in self.reassembler.finish(self._last_ts or time.time_ns()):
             self._event(event)

@@ -551,7 +551,9 @@ def _decode_rows(
     program_failure = ""
     if interface is not None:
         try:
-            program = CaptureProgram(interface, capture_filter)
+            # rows printed as they come are watched: each shows when its packets arrive; a dataset
+            # alone wants the larger ring (see kwire.live.capture_command)
+            program = CaptureProgram(interface, capture_filter, immediate=sink is not None)
         except (CaptureProgramError, OSError) as exc:
             raise _Failure(f"-i {interface}: {exc}") from None
     staging = _prepare_output(out_dir, overwrite) if out_dir is not None else None

@@ -32,8 +32,23 @@ class CaptureProgramError(Exception):
     """The capture program is missing, or stopped with an error; the message is one line."""
 
 
-def capture_command(interface: str, capture_filter: str | None, program: str | None = None) -> list[str]:
-    """The command line that writes the interface's packets to stdout as they are captured."""
+#: How long a packet can wait in tcpdump's kernel ring without ``--immediate-mode``: a block of the
+#: TPACKET_V3 ring is handed over when full or after tcpdump's 1 s timeout (and some scheduling).
+RING_DELAY_S = 1.5
+
+
+def capture_command(
+    interface: str, capture_filter: str | None, program: str | None = None, *, immediate: bool = False
+) -> list[str]:
+    """The command line that writes the interface's packets to stdout as they are captured.
+
+    ``immediate``: hand each packet over at once, for a person watching rows appear. It costs
+    capacity: libpcap then uses a TPACKET_V2 ring of fixed slots as large as the interface's
+    largest packet (64 KiB on lo and on any interface with GRO), and loopback fills two slots per
+    packet, so the 64 MiB ring holds about 500 packets (a quiet 2,000-message ping-pong on lo lost
+    631 of them). Without it the TPACKET_V3 ring packs packets into blocks and held every packet
+    (3,987) of a burst sent while tcpdump was stopped; packets then arrive up to ``RING_DELAY_S``
+    late. A recorder (``-o``, ``kwire capture``) wants the capacity."""
     name = program or os.environ.get(PROGRAM_ENV) or ("tcpdump" if shutil.which("tcpdump") else "dumpcap")
     path = shutil.which(name)
     if path is None:
@@ -42,9 +57,11 @@ def capture_command(interface: str, capture_filter: str | None, program: str | N
         )
     base = os.path.basename(name)
     if base == "tcpdump":
-        # -U: write each packet at once; --immediate-mode: no kernel buffering timeout; -s 0: whole packets
+        # -U: write each packet at once; -s 0: whole packets
         # -B: a 64 MiB kernel buffer (KiB), so a burst while kwire is busy is not dropped
-        command = [path, "-i", interface, "-U", "--immediate-mode", "-B", "65536", "-s", "0", "-n", "-w", "-"]
+        command = [path, "-i", interface, "-U", "-B", "65536", "-s", "0", "-n", "-w", "-"]
+        if immediate:
+            command.insert(4, "--immediate-mode")
         return command + ([capture_filter] if capture_filter else [])
     if base == "dumpcap":
         command = [path, "-i", interface, "-q", "-B", "64", "-s", "0", "-w", "-"]
@@ -55,9 +72,16 @@ def capture_command(interface: str, capture_filter: str | None, program: str | N
 class CaptureProgram:
     """A running capture program; ``stdout`` is its pcap stream. Stop it with ``stop`` (always)."""
 
-    def __init__(self, interface: str, capture_filter: str | None = None, program: str | None = None) -> None:
+    def __init__(
+        self,
+        interface: str,
+        capture_filter: str | None = None,
+        program: str | None = None,
+        *,
+        immediate: bool = False,
+    ) -> None:
         self.interface = interface
-        self.command = capture_command(interface, capture_filter, program)
+        self.command = capture_command(interface, capture_filter, program, immediate=immediate)
         # its own process group: Ctrl-C at the terminal reaches kwire, which stops it after
         # reading what it already wrote (and its "N packets captured" lines stay out of the way)
         self.process = subprocess.Popen(
@@ -74,9 +98,15 @@ class CaptureProgram:
     def pid(self) -> int:
         return self.process.pid
 
-    def stop(self, timeout: float = 5.0) -> int | None:
-        """Stop the program (SIGTERM, then SIGKILL after ``timeout`` s); its exit code."""
+    def stop(self, timeout: float = 5.0, *, drain: float = 0.0) -> int | None:
+        """Stop the program (SIGTERM, then SIGKILL after ``timeout`` s); its exit code.
+
+        ``drain``: first wait that long, so that a reader on another thread gets the packets still
+        in the kernel's ring (``RING_DELAY_S``)."""
         process = self.process
+        if drain > 0 and process.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(drain)
         if process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGTERM)
