@@ -292,6 +292,13 @@ def lab_broker() -> Any:
         broker.close()
 
 
+def _kill_if_running(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a process started in a session of its own, if a test left it running."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+
+
 def _first_line(stream: Any, timeout: float) -> bytes:
     """One line from a pipe, waiting at most ``timeout`` seconds."""
     import select
@@ -425,9 +432,7 @@ def test_live_interface_and_ctrl_c(lab_broker: Any) -> None:
         process.send_signal(signal.SIGINT)
         out, err = process.communicate(timeout=30)
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
+        _kill_if_running(process)
     assert process.returncode == 130, err
     rows = [json.loads(line) for line in (first + out).splitlines()]
     assert any(r["api_name"] == "Produce" for r in rows)
@@ -484,9 +489,7 @@ def test_live_dataset_keeps_a_burst_sent_while_tcpdump_is_stopped(lab_broker: An
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=60)
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
+        _kill_if_running(process)
     assert process.returncode == 130, err
     rows = (
         pads.dataset(out / "exchanges")
