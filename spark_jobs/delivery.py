@@ -52,6 +52,7 @@ batch that did not simply get acked once and fetched (the evidence behind the co
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -529,6 +530,97 @@ def client_closed(connections: DataFrame) -> DataFrame:
     )
 
 
+def _per_batch(attempts: DataFrame, *, group_all: bool = False) -> DataFrame:
+    """One row per batch (``batch_key``) from its attempts (``produce_attempts``).
+
+    Most batches are sent once, and those need no aggregate: their row is their attempt's,
+    computed as the aggregate would (the same columns, types and values). Only the re-sent ones
+    are grouped, which spares the grouping's sort (Spark falls back to sorting once a task holds
+    128 groups of collected sets) for nearly every batch. ``group_all``: group every batch (the
+    reference the tests compare with)."""
+    outcome = F.col("outcome")
+    failed, acked = outcome == "failed", outcome == "acked"
+    written = outcome.isin("acked", "failed") & F.col("offset").isNotNull()
+    has_broker = F.col("broker_ip").isNotNull() & F.col("broker_port").isNotNull()
+    types = {f.name: f.dataType for f in attempts.schema.fields}
+
+    def set_of_one(name: str, keep: Column) -> Column:
+        """What ``array_sort(collect_set(when(keep, name)))`` gives for one row, with its type."""
+        value = F.col(name)
+        return F.filter(
+            F.array(F.coalesce(value, F.lit(0).cast(types[name]))), lambda _: keep & value.isNotNull()
+        )
+
+    many = (
+        (attempts if group_all else attempts.where(F.col("attempts") > 1))
+        .groupBy("batch_key")
+        .agg(
+            # a batch's own fields from its first attempt: first() would take whichever attempt the
+            # plan reads first, and re-sends that disagree (a record count) would flip between plans
+            F.min_by(F.struct(*_FIRST_FIELDS), _send_order()).alias("first"),
+            F.count(F.lit(1)).alias("attempts"),
+            F.min("request_time").alias("first_sent"),
+            F.max("request_time").alias("last_sent"),
+            # distinct brokers as the size of a set: a distinct count beside the other aggregates
+            # made Spark expand every attempt and aggregate twice
+            F.size(F.collect_set(F.when(has_broker, F.struct("broker_ip", "broker_port"))))
+            .cast("long")
+            .alias("brokers"),
+            F.max(acked).alias("acked"),
+            F.min(outcome == "unacknowledged").alias("acks0"),
+            F.array_sort(F.collect_set(F.when(acked, F.col("offset")))).alias("acked_offsets"),
+            F.array_sort(F.collect_set(F.when(written, F.col("offset")))).alias("written_offsets"),
+            F.array_sort(F.collect_set(F.when(failed, F.col("error_code")))).alias("errors"),
+            F.sum(F.when(failed, 1).otherwise(0)).alias("failed_attempts"),
+            F.max_by(F.col("error_code"), F.when(failed, _send_order())).alias("last_error"),
+            F.sum(F.when(outcome == "no_response", 1).otherwise(0)).alias("unanswered_attempts"),
+            F.max_by(F.struct(*_LAST_FIELDS), _send_order()).alias("last"),
+        )
+    )
+    last = [
+        F.col(f"last.{c}").alias("ended_time" if c == "ended_time" else f"last_{c}") for c in _LAST_FIELDS
+    ]
+    many = many.select(
+        "batch_key", "first.*", *[c for c in many.columns if c not in ("batch_key", "first", "last")], *last
+    )
+    if group_all:
+        return many
+    one = attempts.where(F.col("attempts") == 1).select(
+        "batch_key",
+        *_FIRST_FIELDS,
+        F.lit(1).cast("long").alias("attempts"),
+        F.col("request_time").alias("first_sent"),
+        F.col("request_time").alias("last_sent"),
+        has_broker.cast("long").alias("brokers"),
+        acked.alias("acked"),
+        (outcome == "unacknowledged").alias("acks0"),
+        set_of_one("offset", acked).alias("acked_offsets"),
+        set_of_one("offset", written).alias("written_offsets"),
+        set_of_one("error_code", failed).alias("errors"),
+        failed.cast("long").alias("failed_attempts"),
+        F.when(failed, F.col("error_code")).alias("last_error"),
+        (outcome == "no_response").cast("long").alias("unanswered_attempts"),
+        *[F.col(c).alias("ended_time" if c == "ended_time" else f"last_{c}") for c in _LAST_FIELDS],
+    )
+    return many.unionByName(one)
+
+
+def _pick(
+    rows: DataFrame, keys: list[str], value: Column, by: Callable[..., Column], order: Column
+) -> DataFrame:
+    """Per ``keys``: ``value`` (as ``_pick``) of the row ``by`` (``F.min_by`` or ``F.max_by``)
+    ``order`` picks, and ``attempts``. Rows of ``attempts`` (``produce_attempts``) where every batch
+    sent once is one row per key: those are taken as they are, and only re-sent batches grouped."""
+    grouped = (
+        rows.where(F.col("attempts") > 1)
+        .groupBy(*keys)
+        .agg(by(value, order).alias("_pick"), F.max("attempts").alias("attempts"))
+    )
+    return grouped.unionByName(
+        rows.where(F.col("attempts") == 1).select(*keys, value.alias("_pick"), "attempts")
+    )
+
+
 def batch_fates(
     exchanges: DataFrame,
     connections: DataFrame | None = None,
@@ -541,51 +633,7 @@ def batch_fates(
     names = topic_names(exchanges)
     if attempts is None:  # read by every step below: computed once
         attempts = materialize(produce_attempts(exchanges, names))
-    last = F.max_by(F.struct(*_LAST_FIELDS), _send_order())
-
-    written = F.col("outcome").isin("acked", "failed") & F.col("offset").isNotNull()
-    batches = attempts.groupBy("batch_key").agg(
-        # a batch's own fields from its first attempt: first() would take whichever attempt the plan
-        # reads first, and re-sends that disagree (a record count) would flip between plans
-        F.min_by(F.struct(*_FIRST_FIELDS), _send_order()).alias("first"),
-        F.count(F.lit(1)).alias("attempts"),
-        F.min("request_time").alias("first_sent"),
-        F.max("request_time").alias("last_sent"),
-        # distinct brokers as the size of a set: a distinct count beside the other aggregates made
-        # Spark expand every attempt and aggregate twice
-        F.size(
-            F.collect_set(
-                F.when(
-                    F.col("broker_ip").isNotNull() & F.col("broker_port").isNotNull(),
-                    F.struct("broker_ip", "broker_port"),
-                )
-            )
-        )
-        .cast("long")
-        .alias("brokers"),
-        F.max(F.col("outcome") == "acked").alias("acked"),
-        F.min(F.col("outcome") == "unacknowledged").alias("acks0"),
-        F.array_sort(F.collect_set(F.when(F.col("outcome") == "acked", F.col("offset")))).alias(
-            "acked_offsets"
-        ),
-        F.array_sort(F.collect_set(F.when(written, F.col("offset")))).alias("written_offsets"),
-        F.array_sort(F.collect_set(F.when(F.col("outcome") == "failed", F.col("error_code")))).alias(
-            "errors"
-        ),
-        F.sum(F.when(F.col("outcome") == "failed", 1).otherwise(0)).alias("failed_attempts"),
-        F.max_by(
-            F.col("error_code"),
-            F.when(F.col("outcome") == "failed", F.struct("request_time", "correlation_id")),
-        ).alias("last_error"),
-        F.sum(F.when(F.col("outcome") == "no_response", 1).otherwise(0)).alias("unanswered_attempts"),
-        last.alias("last"),
-    )
-    batches = batches.select(
-        "batch_key",
-        "first.*",
-        *[c for c in batches.columns if c not in ("batch_key", "first", "last")],
-        *[F.col(f"last.{c}").alias("ended_time" if c == "ended_time" else f"last_{c}") for c in _LAST_FIELDS],
-    )
+    batches = _per_batch(attempts)
     # read by the re-send inference and the fates: one leaf, so that neither recomputes the
     # aggregate (nor the joins below, inside every broadcast the inference builds on it)
     batches = materialize(batches)
@@ -632,20 +680,25 @@ def batch_fates(
         .withColumn("written_despite_error", ~F.col("acked") & (F.size("written_offsets") > 0))
     )
 
-    acked = (
-        attempts.where((F.col("outcome") == "acked") & F.col("offset").isNotNull())
-        .groupBy("batch_key", "offset")
-        .agg(F.min_by(F.struct(*_ACKED_FIELDS), _send_order()).alias("first"))
-        .select("batch_key", "offset", "first.*")
-    )
+    acked = _pick(
+        attempts.where((F.col("outcome") == "acked") & F.col("offset").isNotNull()),
+        ["batch_key", "offset"],
+        F.struct(*_ACKED_FIELDS),
+        F.min_by,
+        _send_order(),
+    ).select("batch_key", "offset", "attempts", "_pick.*")
     checked = fetch_check(acked, fetched_batches(exchanges, names))
     rank = F.array_position(
         F.array(*[F.lit(c) for c in ("fetched", "unconfirmed", "lost")]), F.col("fetch_check")
     )
     # a batch acked at two offsets: it is only as safe as its worst copy (lost > unconfirmed > fetched)
-    per_batch = checked.groupBy("batch_key").agg(
-        F.max_by(F.struct("fetch_check", "offset", "fetched_epoch", "fetched_base_offset"), rank).alias("_fc")
-    )
+    per_batch = _pick(
+        checked,
+        ["batch_key"],
+        F.struct("fetch_check", "offset", "fetched_epoch", "fetched_base_offset"),
+        F.max_by,
+        rank,
+    ).select("batch_key", F.col("_pick").alias("_fc"))
     return (
         batches.join(per_batch, "batch_key", "left")
         .select(

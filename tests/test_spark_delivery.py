@@ -32,7 +32,7 @@ from typer.testing import CliRunner
 
 from kwire.cli import app
 from spark_jobs.common import load_tables
-from spark_jobs.delivery import batch_fates, delivery, produce_attempts
+from spark_jobs.delivery import _per_batch, batch_fates, delivery, produce_attempts
 from spark_jobs.error_reaction import HEALTHY, error_reaction, error_reaction_headline, reaction_events
 
 pytestmark = pytest.mark.spark
@@ -56,11 +56,20 @@ def producers(scenario: str) -> dict[str, dict[str, Any]]:
 class Lab:
     """The results of one pipeline over every decoded capture, as rows."""
 
-    def __init__(self, delivery_rows: Rows, summary: Rows, events: Rows, headline: Rows) -> None:
+    def __init__(
+        self,
+        delivery_rows: Rows,
+        summary: Rows,
+        events: Rows,
+        headline: Rows,
+        per_batch: tuple[tuple[str, list[Any]], ...] = (),
+    ) -> None:
         self.delivery = delivery_rows
         self.summary = summary
         self.events = events
         self.headline = headline
+        #: every batch's row as made (one-attempt batches without the aggregate), and all grouped
+        self.per_batch = per_batch
 
     def totals(self, source: str) -> dict[str, Counter[str]]:
         """Per client id of ``source``: every count column summed over its partitions, and the
@@ -114,12 +123,17 @@ def lab(spark, tmp_path_factory) -> Iterator[Lab]:  # noqa: F811
     fates = batch_fates(both.exchanges, both.connections, attempts=attempts).cache()
     events = reaction_events(both.exchanges, both.connections, attempts=attempts, fates=fates).cache()
     summary = error_reaction(events, both.exchanges).cache()
+    per_batch = tuple(
+        (df.schema.simpleString(), df.orderBy("batch_key").collect())
+        for df in (_per_batch(attempts), _per_batch(attempts, group_all=True))
+    )
     try:
         yield Lab(
             [r.asDict() for r in delivery(both.exchanges, both.connections, fates=fates).collect()],
             [r.asDict() for r in summary.collect()],
             [r.asDict() for r in events.collect()],
             [r.asDict() for r in error_reaction_headline(summary).collect()],
+            per_batch,
         )
     finally:  # the session is shared: leave its memory to the next module
         spark.catalog.clearCache()
@@ -313,9 +327,19 @@ def test_a_batch_takes_its_fields_from_its_first_attempt_whatever_the_plan_reads
         .withColumn("acks", F.lit(-5))
     )
     # one partition, the later attempt first: first() took its fields
-    mixed = later.unionByName(attempts).coalesce(1)
+    twice = F.when(F.col("batch_key") == one["batch_key"], 2).otherwise(F.col("attempts"))
+    mixed = later.unionByName(attempts).withColumn("attempts", twice.cast("long")).coalesce(1)
     fates = batch_fates(tables.exchanges, tables.connections, attempts=mixed)
     row = fates.where(F.col("batch_key") == one["batch_key"]).collect()
     assert len(row) == 1 and row[0]["attempts"] == 2
     assert (row[0]["record_count"], row[0]["acks"]) == (one["record_count"], one["acks"])
     assert row[0]["last_correlation_id"] == one["correlation_id"] + 1000
+
+
+def test_batches_sent_once_skip_the_aggregate_and_get_the_same_rows(lab: Lab) -> None:
+    """Every lab and Tansu batch: its row made from its one attempt equals the aggregate's, schema
+    included, and the re-sent batches are among them."""
+    (schema, rows), (grouped_schema, grouped_rows) = lab.per_batch
+    assert schema == grouped_schema
+    assert len(rows) > 1000 and {r["attempts"] for r in rows} >= {1, 2}
+    assert rows == grouped_rows
