@@ -691,13 +691,14 @@ def batch_fates(
     rank = F.array_position(
         F.array(*[F.lit(c) for c in ("fetched", "unconfirmed", "lost")]), F.col("fetch_check")
     )
-    # a batch acked at two offsets: it is only as safe as its worst copy (lost > unconfirmed > fetched)
+    # a batch acked at two offsets: it is only as safe as its worst copy (lost > unconfirmed > fetched);
+    # of two copies as bad, the first (lowest offset), so that the plan never chooses
     per_batch = _pick(
         checked,
         ["batch_key"],
         F.struct("fetch_check", "offset", "fetched_epoch", "fetched_base_offset"),
         F.max_by,
-        rank,
+        F.struct(rank, -F.col("offset")),
     ).select("batch_key", F.col("_pick").alias("_fc"))
     return (
         batches.join(per_batch, "batch_key", "left")

@@ -310,7 +310,8 @@ def test_a_batch_takes_its_fields_from_its_first_attempt_whatever_the_plan_reads
     tmp_path: Path,
 ) -> None:
     """Attempts of one batch that disagree (a client re-sending a batch with another record count)
-    give the batch the first attempt's fields, even when the plan reads the later attempt first."""
+    give the batch the first attempt's fields, even when the plan reads the later attempt first.
+    Acked at two offsets no fetch shows (both copies unconfirmed), the check names the first."""
     out = tmp_path / "kafka-python"
     result = CliRunner().invoke(
         app, ["decode", str(REPO / "captures" / "tansu-kafka-python.pcap"), "-o", str(out), "-q"]
@@ -325,15 +326,25 @@ def test_a_batch_takes_its_fields_from_its_first_attempt_whatever_the_plan_reads
         .withColumn("correlation_id", F.col("correlation_id") + 1000)
         .withColumn("record_count", F.col("record_count") + 7)
         .withColumn("acks", F.lit(-5))
+        .withColumn("offset", F.col("offset") + 100)
     )
-    # one partition, the later attempt first: first() took its fields
-    twice = F.when(F.col("batch_key") == one["batch_key"], 2).otherwise(F.col("attempts"))
-    mixed = later.unionByName(attempts).withColumn("attempts", twice.cast("long")).coalesce(1)
+    # one partition, the later attempt first: first() took its fields, and max_by by the check alone
+    # the later copy
+    ours = F.col("batch_key") == one["batch_key"]
+    mixed = (
+        later.unionByName(attempts)
+        .withColumn("attempts", F.when(ours, 2).otherwise(F.col("attempts")).cast("long"))
+        .withColumn("offset", F.when(ours, F.col("offset") + 1_000_000).otherwise(F.col("offset")))
+        .coalesce(1)
+    )
     fates = batch_fates(tables.exchanges, tables.connections, attempts=mixed)
     row = fates.where(F.col("batch_key") == one["batch_key"]).collect()
     assert len(row) == 1 and row[0]["attempts"] == 2
     assert (row[0]["record_count"], row[0]["acks"]) == (one["record_count"], one["acks"])
     assert row[0]["last_correlation_id"] == one["correlation_id"] + 1000
+    first_copy = one["offset"] + 1_000_000
+    assert row[0]["acked_offsets"] == [first_copy, first_copy + 100]
+    assert (row[0]["fetch_check"], row[0]["checked_offset"]) == ("unconfirmed", first_copy)
 
 
 def test_batches_sent_once_skip_the_aggregate_and_get_the_same_rows(lab: Lab) -> None:
