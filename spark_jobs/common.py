@@ -17,7 +17,7 @@ from pathlib import Path
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
-from pyspark.sql.types import ArrayType, StructType, _parse_datatype_string
+from pyspark.sql.types import ArrayType, DataType, MapType, StructType, _parse_datatype_string
 
 from decoder.protocol import API_NAMES, ERRORS
 from kwire.schema import CONNECTIONS_SCHEMA, EXCHANGES_SCHEMA
@@ -380,8 +380,25 @@ def api_name(key: Column) -> Column:
 
 def ordered(df: DataFrame, *cols: str | Column) -> DataFrame:
     """A small result as one sorted partition: one shuffle, no range sampling (``orderBy``
-    would compute the whole plan twice to sample it)."""
-    return df.repartition(1).sortWithinPartitions(*cols)
+    would compute the whole plan twice to sample it).
+
+    Rows equal in ``cols`` are then ordered by the other columns (those Spark can order: not
+    maps), so that the file's order never depends on the plan: two batches sent in one
+    request share their ``first_sent``, and came out in either order."""
+    named = {c for c in cols if isinstance(c, str)}
+    ties = [f.name for f in df.schema.fields if f.name not in named and _orderable(f.dataType)]
+    return df.repartition(1).sortWithinPartitions(*cols, *ties)
+
+
+def _orderable(kind: DataType) -> bool:
+    """Whether Spark can sort by a column of this type (maps it cannot, nor what holds one)."""
+    if isinstance(kind, MapType):
+        return False
+    if isinstance(kind, ArrayType):
+        return _orderable(kind.elementType)
+    if isinstance(kind, StructType):
+        return all(_orderable(f.dataType) for f in kind.fields)
+    return True
 
 
 #: Latency histogram buckets per doubling: 2 ** (1 / 35) = 1.0200, so one bucket spans 2%.

@@ -773,16 +773,19 @@ def delivery(
         _examples(fc == "lost", F.col("checked_offset")).alias("lost_offsets"),
         F.max("idempotent").alias("idempotent"),
     )
-    # records of failed batches by the last error each got, all and dropped: {error name: records}
+    # records of failed batches by the last error each got, all and dropped: {error name: records},
+    # by name (a map keeps its entries in the order given, which was the plan's)
     by_error = (
         fates.where(failed)
         .groupBy(*_TP, error_name(F.col("last_error")).alias("_name"))
         .agg(F.sum(n).alias("_failed"), F.sum(F.when(fate == "dropped", n)).alias("_dropped"))
         .groupBy(*_TP)
         .agg(
-            F.map_from_entries(F.collect_list(F.struct("_name", "_failed"))).alias("failed_by_error"),
+            F.map_from_entries(F.array_sort(F.collect_list(F.struct("_name", "_failed")))).alias(
+                "failed_by_error"
+            ),
             F.map_from_entries(
-                F.collect_list(F.when(F.col("_dropped") > 0, F.struct("_name", "_dropped")))
+                F.array_sort(F.collect_list(F.when(F.col("_dropped") > 0, F.struct("_name", "_dropped"))))
             ).alias("dropped_by_error"),
         )
     )
