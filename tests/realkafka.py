@@ -54,6 +54,7 @@ __all__ = [
     "TansuBroker",
     "Tcpdump",
     "aiokafka_scenario",
+    "api_versions_round_trips",
     "confluent_scenario",
     "free_port",
     "kafka_python_scenario",
@@ -77,6 +78,28 @@ MESSAGES_PER_STEP = 5
 IDLE_SECONDS = 1.5
 #: A header on every produced record, so captures contain record headers.
 RECORD_HEADERS = [("kwire", b"1")]
+
+
+def api_versions_round_trips(host: str, port: int, n: int, client_id: str) -> None:
+    """``n`` ApiVersions v0 requests (correlation ids 0 to n-1), each sent when the previous one was
+    answered, on one raw connection: many small packets in little time."""
+
+    def exactly(sock: socket.socket, size: int) -> bytes:
+        buf = b""
+        while len(buf) < size:
+            chunk = sock.recv(size - len(buf))
+            if not chunk:
+                raise ConnectionError(f"{host}:{port} closed the connection")
+            buf += chunk
+        return buf
+
+    name = client_id.encode()
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for correlation_id in range(n):
+            body = struct.pack(">hhih", 18, 0, correlation_id, len(name)) + name
+            sock.sendall(struct.pack(">i", len(body)) + body)
+            exactly(sock, struct.unpack(">i", exactly(sock, 4))[0])
 
 
 def free_port(host: str = HOST) -> int:

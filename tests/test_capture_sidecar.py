@@ -301,3 +301,58 @@ def test_capture_counts_requests_and_survives_its_interface_going_down_and_away(
                 proc.wait(10)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
     assert not list((tmp_path / "lo.kwire").rglob("*.tmp"))
+
+
+def test_capture_keeps_a_burst_sent_while_tcpdump_is_stopped_and_stopped_right_after(tmp_path: Path) -> None:
+    """1,500 ApiVersions round trips while the sidecar's tcpdump is stopped (SIGSTOP: about 6,000
+    packets wait in the kernel's ring), then SIGTERM as soon as tcpdump runs again: every exchange
+    is recorded. The ring must hold the burst (no --immediate-mode, see kwire.live), and the stop
+    must wait for the ring's last block, which reaches tcpdump up to a second late."""
+    from realkafka import api_versions_round_trips, started_tansu, tcpdump_available
+
+    reason = tcpdump_available()
+    if reason:
+        pytest.skip(reason)
+    broker = started_tansu(f"{LAB}.2")
+    out = tmp_path / "burst.kwire"
+    bpf = f"host {broker.host} and tcp port {broker.port}"
+    sidecar = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kwire",
+            "capture",
+            "-i",
+            "lo",
+            "-o",
+            out,
+            "--port",
+            str(broker.port),
+            "-f",
+            bpf,
+        ],
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    n = 1500
+    try:
+        assert sidecar.stderr is not None
+        assert b"kwire capture: recording lo" in sidecar.stderr.readline()
+        tcpdump = _wait_for(lambda: [pid for pid, name in _children(sidecar.pid) if name == "tcpdump"], 10)
+        assert len(tcpdump) == 1
+        time.sleep(1.0)  # tcpdump opening the interface
+        os.kill(tcpdump[0], signal.SIGSTOP)
+        try:
+            api_versions_round_trips(broker.host, broker.port, n, "burst")
+        finally:
+            os.kill(tcpdump[0], signal.SIGCONT)
+        sidecar.send_signal(signal.SIGTERM)
+        assert sidecar.wait(30) == 0
+    finally:
+        if sidecar.poll() is None:
+            os.killpg(sidecar.pid, signal.SIGKILL)
+            sidecar.wait(10)
+        broker.close()
+    ours = [r for r in _rows(out) if r["client_id"] == "burst"]
+    assert sorted(r["correlation_id"] for r in ours) == list(range(n))
+    assert {r["status"] for r in ours} == {"ok"}

@@ -441,12 +441,6 @@ def test_live_interface_and_ctrl_c(lab_broker: Any) -> None:
     assert "no-such-if0" in bad
 
 
-def _api_versions_v0(correlation_id: int) -> bytes:
-    body = (18).to_bytes(2, "big") + (0).to_bytes(2, "big") + correlation_id.to_bytes(4, "big")
-    body += len(b"burst").to_bytes(2, "big") + b"burst"
-    return len(body).to_bytes(4, "big") + body
-
-
 def _pids_of(pattern: str) -> list[int]:
     found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True, timeout=10)
     return [int(pid) for pid in found.stdout.split()]
@@ -457,7 +451,7 @@ def test_live_dataset_keeps_a_burst_sent_while_tcpdump_is_stopped(lab_broker: An
     """`kwire decode -i lo -o DIR` keeps every exchange of 1,500 round trips made while its tcpdump
     is stopped (SIGSTOP): about 6,000 packets wait in the kernel's ring. With --immediate-mode the
     ring holds about 500 loopback packets and most of them were lost (see kwire.live)."""
-    import socket
+    from realkafka import api_versions_round_trips
 
     _tcpdump_or_skip()
     bpf = f"host {lab_broker.host} and tcp port {lab_broker.port} and not port 1"  # (unique: found by pgrep)
@@ -477,12 +471,7 @@ def test_live_dataset_keeps_a_burst_sent_while_tcpdump_is_stopped(lab_broker: An
         time.sleep(1.0)  # listening (kwire keeps tcpdump's stderr)
         os.kill(pids[0], signal.SIGSTOP)
         try:
-            with socket.create_connection((lab_broker.host, lab_broker.port), timeout=10) as sock:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                for cid in range(n):
-                    sock.sendall(_api_versions_v0(cid))
-                    size = int.from_bytes(_recv_exactly(sock, 4), "big")
-                    _recv_exactly(sock, size)
+            api_versions_round_trips(lab_broker.host, lab_broker.port, n, "burst")
         finally:
             os.kill(pids[0], signal.SIGCONT)
         time.sleep(3.0)  # the ring's blocks reach tcpdump within its 1 s timeout
@@ -501,12 +490,3 @@ def test_live_dataset_keeps_a_burst_sent_while_tcpdump_is_stopped(lab_broker: An
     assert {r["status"] for r in ours} == {"ok"}
     gaps = pads.dataset(out / "connections").to_table(columns=["gap_bytes_to_broker", "gap_bytes_to_client"])
     assert not any(v for column in gaps.columns for v in column.to_pylist())
-
-
-def _recv_exactly(sock: Any, size: int) -> bytes:
-    buf = b""
-    while len(buf) < size:
-        chunk = sock.recv(size - len(buf))
-        assert chunk, "the broker closed the connection"
-        buf += chunk
-    return buf
