@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,53 @@ def _wait_for(check: Any, timeout: float) -> Any:
     return check()
 
 
+def _start_on_lo(out: Path, broker: Any, more: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+    """``kwire capture`` on lo, recording ``broker``'s traffic to ``out``."""
+    bpf = f"host {broker.host} and tcp port {broker.port}"
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kwire",
+            "capture",
+            "-i",
+            "lo",
+            "-o",
+            out,
+            "--port",
+            str(broker.port),
+            "-f",
+            bpf,
+            *more,
+        ],
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+
+
+def _capturing(sidecar: subprocess.Popen[bytes]) -> int:
+    """Once the sidecar records and its tcpdump has had a second to open lo: that tcpdump's pid."""
+    assert sidecar.stderr is not None
+    assert b"kwire capture: recording lo" in sidecar.stderr.readline()
+    tcpdump = _wait_for(lambda: [pid for pid, name in _children(sidecar.pid) if name == "tcpdump"], 10)
+    assert len(tcpdump) == 1, tcpdump
+    # (a fixed sleep was not enough on a loaded machine: the first packets went by uncaptured)
+    assert _wait_for(lambda: _has_packet_socket(tcpdump[0]), 20), "tcpdump opened no packet socket"
+    time.sleep(0.5)  # its ring and filter, set up right after
+    return tcpdump[0]
+
+
+def _has_packet_socket(pid: int) -> bool:
+    """Whether the process holds an AF_PACKET socket (one listed in /proc/net/packet)."""
+    lines = Path("/proc/net/packet").read_text().splitlines()[1:]
+    packet = {f"socket:[{line.split()[-1]}]" for line in lines if line.split()}
+    try:
+        fds = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    except OSError:
+        return False
+    return bool(packet.intersection(fds))
+
+
 def test_capture_records_real_traffic_like_decode_and_survives_restart(tmp_path: Path) -> None:
     from realkafka import (
         Tcpdump,
@@ -68,35 +116,13 @@ def test_capture_records_real_traffic_like_decode_and_survives_restart(tmp_path:
     out = tmp_path / "deep" / "sidecar.kwire"
     metrics_host = f"{LAB}.3"
     metrics_port = free_port(metrics_host)
-    sidecar = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "kwire",
-            "capture",
-            "-i",
-            "lo",
-            "-o",
-            out,
-            "--port",
-            str(broker.port),
-            "-f",
-            f"host {broker.host} and tcp port {broker.port}",
-            "--flush-seconds",
-            "1",
-            "--metrics-host",
-            metrics_host,
-            "--metrics-port",
-            str(metrics_port),
-        ],
-        stderr=subprocess.PIPE,
-        start_new_session=True,
+    sidecar = _start_on_lo(
+        out,
+        broker,
+        ["--flush-seconds", "1", "--metrics-host", metrics_host, "--metrics-port", str(metrics_port)],
     )
     try:
-        assert sidecar.stderr is not None
-        assert b"kwire capture: recording lo" in sidecar.stderr.readline()
-        assert _wait_for(lambda: any(name == "tcpdump" for _, name in _children(sidecar.pid)), 10)
-        time.sleep(1.0)  # tcpdump opening the interface
+        _capturing(sidecar)
         with Tcpdump(tmp_path / "same.pcap", [broker.port]) as dump:
             kafka_python_scenario(broker.bootstrap, "m-sidecar")
         first = _wait_for(
@@ -315,37 +341,15 @@ def test_capture_keeps_a_burst_sent_while_tcpdump_is_stopped_and_stopped_right_a
         pytest.skip(reason)
     broker = started_tansu(f"{LAB}.2")
     out = tmp_path / "burst.kwire"
-    bpf = f"host {broker.host} and tcp port {broker.port}"
-    sidecar = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "kwire",
-            "capture",
-            "-i",
-            "lo",
-            "-o",
-            out,
-            "--port",
-            str(broker.port),
-            "-f",
-            bpf,
-        ],
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    sidecar = _start_on_lo(out, broker)
     n = 1500
     try:
-        assert sidecar.stderr is not None
-        assert b"kwire capture: recording lo" in sidecar.stderr.readline()
-        tcpdump = _wait_for(lambda: [pid for pid, name in _children(sidecar.pid) if name == "tcpdump"], 10)
-        assert len(tcpdump) == 1
-        time.sleep(1.0)  # tcpdump opening the interface
-        os.kill(tcpdump[0], signal.SIGSTOP)
+        tcpdump = _capturing(sidecar)
+        os.kill(tcpdump, signal.SIGSTOP)
         try:
             api_versions_round_trips(broker.host, broker.port, n, "burst")
         finally:
-            os.kill(tcpdump[0], signal.SIGCONT)
+            os.kill(tcpdump, signal.SIGCONT)
         sidecar.send_signal(signal.SIGTERM)
         assert sidecar.wait(30) == 0
     finally:
