@@ -60,8 +60,7 @@ def capture_command(
         # -U: write each packet at once; -s 0: whole packets
         # -B: a 64 MiB kernel buffer (KiB), so a burst while kwire is busy is not dropped
         command = [path, "-i", interface, "-U", "-B", "65536", "-s", "0", "-n", "-w", "-"]
-        if immediate:
-            command.insert(4, "--immediate-mode")
+        command += ["--immediate-mode"] if immediate else []
         return command + ([capture_filter] if capture_filter else [])
     if base == "dumpcap":
         command = [path, "-i", interface, "-q", "-B", "64", "-s", "0", "-w", "-"]

@@ -89,6 +89,18 @@ def _capturing(sidecar: subprocess.Popen[bytes]) -> int:
     return tcpdump[0]
 
 
+def _stopped_cleanly(sidecar: subprocess.Popen[bytes]) -> None:
+    """SIGTERM: the sidecar writes its last rows and exits 0."""
+    sidecar.send_signal(signal.SIGTERM)
+    assert sidecar.wait(30) == 0
+
+
+def _kill_if_running(sidecar: subprocess.Popen[bytes]) -> None:
+    if sidecar.poll() is None:
+        os.killpg(sidecar.pid, signal.SIGKILL)
+        sidecar.wait(10)
+
+
 def _has_packet_socket(pid: int) -> bool:
     """Whether the process holds an AF_PACKET socket (one listed in /proc/net/packet)."""
     lines = Path("/proc/net/packet").read_text().splitlines()[1:]
@@ -153,12 +165,9 @@ def test_capture_records_real_traffic_like_decode_and_survives_restart(tmp_path:
         # requests counted as the proxy counts them (kwire.sidecar_requests)
         assert 'kwire_proxy_requests_total{api="Produce",api_key="0"' in page
         assert 'client_id="kwire-test-kafka-python"' in page
-        sidecar.send_signal(signal.SIGTERM)
-        assert sidecar.wait(30) == 0
+        _stopped_cleanly(sidecar)
     finally:
-        if sidecar.poll() is None:
-            os.killpg(sidecar.pid, signal.SIGKILL)
-            sidecar.wait(10)
+        _kill_if_running(sidecar)
         broker.close()
     rows = _rows(out)
     assert not list(out.rglob("*.tmp")), "every file renamed into place"
@@ -318,13 +327,10 @@ def test_capture_counts_requests_and_survives_its_interface_going_down_and_away(
         )
         assert status == 200 and "capturing on kwv0" in body
         for proc in (on_lo, away):
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(30) == 0
+            _stopped_cleanly(proc)
     finally:
         for proc in started:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+            _kill_if_running(proc)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
     assert not list((tmp_path / "lo.kwire").rglob("*.tmp"))
 
@@ -350,12 +356,9 @@ def test_capture_keeps_a_burst_sent_while_tcpdump_is_stopped_and_stopped_right_a
             api_versions_round_trips(broker.host, broker.port, n, "burst")
         finally:
             os.kill(tcpdump, signal.SIGCONT)
-        sidecar.send_signal(signal.SIGTERM)
-        assert sidecar.wait(30) == 0
+        _stopped_cleanly(sidecar)
     finally:
-        if sidecar.poll() is None:
-            os.killpg(sidecar.pid, signal.SIGKILL)
-            sidecar.wait(10)
+        _kill_if_running(sidecar)
         broker.close()
     ours = [r for r in _rows(out) if r["client_id"] == "burst"]
     assert sorted(r["correlation_id"] for r in ours) == list(range(n))
