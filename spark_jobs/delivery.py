@@ -577,9 +577,7 @@ def _per_batch(attempts: DataFrame, *, group_all: bool = False) -> DataFrame:
             F.max_by(F.struct(*_LAST_FIELDS), _send_order()).alias("last"),
         )
     )
-    last = [
-        F.col(f"last.{c}").alias("ended_time" if c == "ended_time" else f"last_{c}") for c in _LAST_FIELDS
-    ]
+    last = [F.col(f"last.{c}").alias(_last_name(c)) for c in _LAST_FIELDS]
     many = many.select(
         "batch_key", "first.*", *[c for c in many.columns if c not in ("batch_key", "first", "last")], *last
     )
@@ -600,17 +598,25 @@ def _per_batch(attempts: DataFrame, *, group_all: bool = False) -> DataFrame:
         failed.cast("long").alias("failed_attempts"),
         F.when(failed, F.col("error_code")).alias("last_error"),
         (outcome == "no_response").cast("long").alias("unanswered_attempts"),
-        *[F.col(c).alias("ended_time" if c == "ended_time" else f"last_{c}") for c in _LAST_FIELDS],
+        *[F.col(c).alias(_last_name(c)) for c in _LAST_FIELDS],
     )
     return many.unionByName(one)
+
+
+def _last_name(field: str) -> str:
+    """The batch column that holds its last attempt's ``field``."""
+    return field if field == "ended_time" else f"last_{field}"
 
 
 def _pick(
     rows: DataFrame, keys: list[str], value: Column, by: Callable[..., Column], order: Column
 ) -> DataFrame:
-    """Per ``keys``: ``value`` (as ``_pick``) of the row ``by`` (``F.min_by`` or ``F.max_by``)
-    ``order`` picks, and ``attempts``. Rows of ``attempts`` (``produce_attempts``) where every batch
-    sent once is one row per key: those are taken as they are, and only re-sent batches grouped."""
+    """Per ``keys``: ``value`` (as ``_pick``) of the row that ``by(value, order)`` picks (``by`` is
+    ``F.min_by`` or ``F.max_by``), and ``attempts``.
+
+    ``rows`` come from ``produce_attempts`` (they carry its ``attempts``), and ``keys`` start with
+    ``batch_key``: a batch sent once then has at most one row per key, taken as it is; only the
+    rows of re-sent batches are grouped (see ``_per_batch``)."""
     grouped = (
         rows.where(F.col("attempts") > 1)
         .groupBy(*keys)

@@ -55,11 +55,13 @@ __all__ = [
     "Tcpdump",
     "aiokafka_scenario",
     "api_versions_round_trips",
+    "capturing_tcpdump",
     "confluent_scenario",
     "free_port",
     "kafka_python_scenario",
     "kcat_available",
     "kcat_scenario",
+    "kill_if_running",
     "port_is_free",
     "tansu_binary",
     "tcpdump_available",
@@ -100,6 +102,42 @@ def api_versions_round_trips(host: str, port: int, n: int, client_id: str) -> No
             body = struct.pack(">hhih", 18, 0, correlation_id, len(name)) + name
             sock.sendall(struct.pack(">i", len(body)) + body)
             exactly(sock, struct.unpack(">i", exactly(sock, 4))[0])
+
+
+def capturing_tcpdump(parent: int, timeout: float = 20.0) -> int:
+    """The pid of the one tcpdump ``parent`` started, once it holds its packet socket (and half a
+    second more for its ring and filter). A fixed sleep was not enough on a loaded machine: the
+    first packets went by before tcpdump was capturing."""
+    deadline = time.monotonic() + timeout
+    pids: list[int] = []
+    while time.monotonic() < deadline:
+        found = subprocess.run(
+            ["ps", "--ppid", str(parent), "-o", "pid=,comm="], capture_output=True, text=True, timeout=10
+        )
+        pids = [int(line.split()[0]) for line in found.stdout.splitlines() if line.split()[1:] == ["tcpdump"]]
+        if len(pids) == 1 and _has_packet_socket(pids[0]):
+            time.sleep(0.5)
+            return pids[0]
+        time.sleep(0.1)
+    raise AssertionError(f"no capturing tcpdump under pid {parent} within {timeout} s (children: {pids})")
+
+
+def _has_packet_socket(pid: int) -> bool:
+    """Whether the process holds an AF_PACKET socket (one listed in /proc/net/packet)."""
+    lines = Path("/proc/net/packet").read_text().splitlines()[1:]
+    packet = {f"socket:[{line.split()[-1]}]" for line in lines if line.split()}
+    try:
+        fds = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    except OSError:
+        return False
+    return bool(packet.intersection(fds))
+
+
+def kill_if_running(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a process started in a session of its own, if a test left it running."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
 
 
 def free_port(host: str = HOST) -> int:

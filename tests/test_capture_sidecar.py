@@ -17,6 +17,7 @@ from typing import Any
 
 import pyarrow.dataset as pads
 import pytest
+from realkafka import capturing_tcpdump, kill_if_running
 
 from kwire.rowprint import _json_value
 
@@ -78,38 +79,16 @@ def _start_on_lo(out: Path, broker: Any, more: Sequence[str] = ()) -> subprocess
 
 
 def _capturing(sidecar: subprocess.Popen[bytes]) -> int:
-    """Once the sidecar records and its tcpdump has had a second to open lo: that tcpdump's pid."""
+    """Once the sidecar records and its tcpdump captures: that tcpdump's pid."""
     assert sidecar.stderr is not None
     assert b"kwire capture: recording lo" in sidecar.stderr.readline()
-    tcpdump = _wait_for(lambda: [pid for pid, name in _children(sidecar.pid) if name == "tcpdump"], 10)
-    assert len(tcpdump) == 1, tcpdump
-    # (a fixed sleep was not enough on a loaded machine: the first packets went by uncaptured)
-    assert _wait_for(lambda: _has_packet_socket(tcpdump[0]), 20), "tcpdump opened no packet socket"
-    time.sleep(0.5)  # its ring and filter, set up right after
-    return tcpdump[0]
+    return capturing_tcpdump(sidecar.pid)
 
 
 def _stopped_cleanly(sidecar: subprocess.Popen[bytes]) -> None:
     """SIGTERM: the sidecar writes its last rows and exits 0."""
     sidecar.send_signal(signal.SIGTERM)
     assert sidecar.wait(30) == 0
-
-
-def _kill_if_running(sidecar: subprocess.Popen[bytes]) -> None:
-    if sidecar.poll() is None:
-        os.killpg(sidecar.pid, signal.SIGKILL)
-        sidecar.wait(10)
-
-
-def _has_packet_socket(pid: int) -> bool:
-    """Whether the process holds an AF_PACKET socket (one listed in /proc/net/packet)."""
-    lines = Path("/proc/net/packet").read_text().splitlines()[1:]
-    packet = {f"socket:[{line.split()[-1]}]" for line in lines if line.split()}
-    try:
-        fds = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
-    except OSError:
-        return False
-    return bool(packet.intersection(fds))
 
 
 def test_capture_records_real_traffic_like_decode_and_survives_restart(tmp_path: Path) -> None:
@@ -167,7 +146,7 @@ def test_capture_records_real_traffic_like_decode_and_survives_restart(tmp_path:
         assert 'client_id="kwire-test-kafka-python"' in page
         _stopped_cleanly(sidecar)
     finally:
-        _kill_if_running(sidecar)
+        kill_if_running(sidecar)
         broker.close()
     rows = _rows(out)
     assert not list(out.rglob("*.tmp")), "every file renamed into place"
@@ -330,7 +309,7 @@ def test_capture_counts_requests_and_survives_its_interface_going_down_and_away(
             _stopped_cleanly(proc)
     finally:
         for proc in started:
-            _kill_if_running(proc)
+            kill_if_running(proc)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
     assert not list((tmp_path / "lo.kwire").rglob("*.tmp"))
 
@@ -358,7 +337,7 @@ def test_capture_keeps_a_burst_sent_while_tcpdump_is_stopped_and_stopped_right_a
             os.kill(tcpdump, signal.SIGCONT)
         _stopped_cleanly(sidecar)
     finally:
-        _kill_if_running(sidecar)
+        kill_if_running(sidecar)
         broker.close()
     ours = [r for r in _rows(out) if r["client_id"] == "burst"]
     assert sorted(r["correlation_id"] for r in ours) == list(range(n))

@@ -17,6 +17,7 @@ from typing import Any
 
 import pyarrow.dataset as pads
 import pytest
+from realkafka import kill_if_running
 
 from kwire.rowprint import TABLE_COLUMNS
 from kwire.rowtable import PARQUET_COLUMNS, errors_of
@@ -292,13 +293,6 @@ def lab_broker() -> Any:
         broker.close()
 
 
-def _kill_if_running(process: subprocess.Popen[bytes]) -> None:
-    """SIGKILL a process started in a session of its own, if a test left it running."""
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(10)
-
-
 def _first_line(stream: Any, timeout: float) -> bytes:
     """One line from a pipe, waiting at most ``timeout`` seconds."""
     import select
@@ -432,7 +426,7 @@ def test_live_interface_and_ctrl_c(lab_broker: Any) -> None:
         process.send_signal(signal.SIGINT)
         out, err = process.communicate(timeout=30)
     finally:
-        _kill_if_running(process)
+        kill_if_running(process)
     assert process.returncode == 130, err
     rows = [json.loads(line) for line in (first + out).splitlines()]
     assert any(r["api_name"] == "Produce" for r in rows)
@@ -441,20 +435,15 @@ def test_live_interface_and_ctrl_c(lab_broker: Any) -> None:
     assert "no-such-if0" in bad
 
 
-def _pids_of(pattern: str) -> list[int]:
-    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True, timeout=10)
-    return [int(pid) for pid in found.stdout.split()]
-
-
 @pytest.mark.real
 def test_live_dataset_keeps_a_burst_sent_while_tcpdump_is_stopped(lab_broker: Any, tmp_path: Path) -> None:
     """`kwire decode -i lo -o DIR` keeps every exchange of 1,500 round trips made while its tcpdump
     is stopped (SIGSTOP): about 6,000 packets wait in the kernel's ring. With --immediate-mode the
     ring holds about 500 loopback packets and most of them were lost (see kwire.live)."""
-    from realkafka import api_versions_round_trips
+    from realkafka import api_versions_round_trips, capturing_tcpdump
 
     _tcpdump_or_skip()
-    bpf = f"host {lab_broker.host} and tcp port {lab_broker.port} and not port 1"  # (unique: found by pgrep)
+    bpf = f"host {lab_broker.host} and tcp port {lab_broker.port}"
     out = tmp_path / "burst"
     process = subprocess.Popen(
         [sys.executable, "-m", "kwire", "decode", "-i", "lo", "-f", bpf, "-o", str(out), "-q"],
@@ -464,21 +453,17 @@ def test_live_dataset_keeps_a_burst_sent_while_tcpdump_is_stopped(lab_broker: An
     )
     n = 1500
     try:
-        deadline = time.monotonic() + 20
-        while not (pids := _pids_of(f"tcpdump .*{bpf}")) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert len(pids) == 1, pids
-        time.sleep(1.0)  # listening (kwire keeps tcpdump's stderr)
-        os.kill(pids[0], signal.SIGSTOP)
+        tcpdump = capturing_tcpdump(process.pid)
+        os.kill(tcpdump, signal.SIGSTOP)
         try:
             api_versions_round_trips(lab_broker.host, lab_broker.port, n, "burst")
         finally:
-            os.kill(pids[0], signal.SIGCONT)
+            os.kill(tcpdump, signal.SIGCONT)
         time.sleep(3.0)  # the ring's blocks reach tcpdump within its 1 s timeout
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=60)
     finally:
-        _kill_if_running(process)
+        kill_if_running(process)
     assert process.returncode == 130, err
     rows = (
         pads.dataset(out / "exchanges")
