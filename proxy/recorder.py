@@ -36,8 +36,8 @@ Bounds keep a slow recorder from slowing traffic, and it says when it skips:
   dropped and counted, per connection (``connections.dropped_rows``) and in total.
 
 Rows are handed to ``kwire.dataset.DatasetWriter`` in a worker thread every half second,
-which converts and writes them a row group (``_ROW_GROUP_ROWS``) at a time as they come, and
-rolls every ``flush_seconds`` or ``flush_rows`` rows; each roll closes the files and renames them from
+which converts them ``_BATCH_ROWS`` at a time as they come, writes a row group once it has
+``_ROW_GROUP_ROWS`` converted, and rolls every ``flush_seconds`` or ``flush_rows`` rows; each roll closes the files and renames them from
 their temporary names, so a reader, or a proxy killed with SIGKILL, only ever leaves
 complete files behind (at most the last window is lost).
 """
@@ -76,10 +76,12 @@ _BACKLOG_ITEMS = 64
 #: (switch interval 0.5 ms): 128 at a time cost 8-10 us of CPU a row and another thread waited
 #: p99 5.5-6.2 ms to wake; 64: 11 us, p99 3.2-3.5 ms; 32: 14-18 us, p99 3.1-3.7 ms.
 _CONVERT_ROWS = 64
-#: How often rows made are handed to the writer thread (which writes a row group once it has
-#: ``_ROW_GROUP_ROWS``), between rolls.
+#: How often rows made are handed to the writer thread (which converts them once it has
+#: ``_BATCH_ROWS``), between rolls.
 _HANDOFF_SECONDS = 0.5
-_ROW_GROUP_ROWS = 4096
+_BATCH_ROWS = 4096
+#: Rows of a Parquet row group (a roll writes what is left as a shorter one).
+_ROW_GROUP_ROWS = 65536
 
 
 #: Statuses that claim something about the wire (no answer, a cut or bad frame, an answer to
@@ -165,7 +167,9 @@ class Recorder:
         # rows converted a few at a time (``convert_rows``): the writer thread never holds the
         # GIL for long; a recorder in a process of its own converts a row group at once
         self.writer = (
-            DatasetWriter(out_dir, convert_rows=convert_rows, row_group_rows=_ROW_GROUP_ROWS)
+            DatasetWriter(
+                out_dir, convert_rows=convert_rows, row_group_rows=_ROW_GROUP_ROWS, batch_rows=_BATCH_ROWS
+            )
             if out_dir is not None
             else None
         )
@@ -469,8 +473,7 @@ class Recorder:
         """Hand the rows made so far to the writer thread every ``_HANDOFF_SECONDS``, and roll
         (files closed and published) every ``flush_seconds`` or ``flush_rows`` rows.
 
-        The writer converts and writes a row group per ``_ROW_GROUP_ROWS`` rows as they come:
-        converting a whole window's rows at the roll (25 us of CPU a row, most of it holding
+        The writer converts rows ``_BATCH_ROWS`` at a time as they come: converting a whole window's rows at the roll (25 us of CPU a row, most of it holding
         the GIL) was a burst of half a second every 10 s at 2,000 exchanges/s, and the
         forwarding loop's p99."""
         if self.writer is None or (self._writing is not None and not self._writing.done()):

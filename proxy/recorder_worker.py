@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import fcntl
 import logging
 import os
 import pickle
@@ -52,6 +53,7 @@ import signal
 import struct
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 from typing import Any
@@ -92,6 +94,15 @@ _READ_BYTES = 8 << 20
 #: connections the recorder then added 6.8 ms to p99 where the bare forwarder added 0.8
 #: (issue 18). Where ``SCHED_IDLE`` is not available, the worker runs at nice ``_NICE``.
 _NICE = 19
+#: After a quiet turn (a read of less than a quarter of the pipe), the worker lets the next
+#: batches gather in its pipe for up to this long before it reads again, waking every
+#: ``_GATHER_STEP`` to stop early once a quarter of the pipe waits (so the pipe never fills
+#: meanwhile). Woken by each 10 ms batch, it spent more CPU per exchange on waking and on
+#: cold caches than on decoding: replaying a recorded 200-connection load
+#: (``bench/recorder_replay.py``) it used 59-84 us per exchange waking for every batch, 48-50
+#: gathering for 0.25 s. Rows and metrics come that much later; the lag bound is 1 s or more.
+_GATHER_SECONDS = 0.25
+_GATHER_STEP = 0.025
 #: The least lag the worker's ``Recorder`` allows before it skips (``max_lag_seconds``; half
 #: the flush window otherwise, at most 5 s): a process of its own can be kept off a busy
 #: machine's cores longer than a loop turn.
@@ -225,8 +236,6 @@ class RecorderProcess:
         from_worker, to_write = os.pipe()
         for fd in (to_worker, from_worker):
             with contextlib.suppress(AttributeError, OSError):  # Linux only; the default works too
-                import fcntl
-
                 fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
         command = [
             sys.executable,
@@ -454,14 +463,9 @@ def _worker(read_fd: int, write_fd: int) -> int:
     budget = _BudgetView(settings.pop("budget_limit"))
     metrics = Metrics()
     recorder = Recorder(out_dir, metrics, budget=budget, **settings)
-    calls = {
-        _OPEN: recorder.open,
-        _DATA: recorder.data,
-        _GAP: recorder.gap,
-        _INJECTED: recorder.injected,
-        _CLOSE: recorder.close,
-    }
+    calls = item_calls(recorder)
     os.set_blocking(read_fd, False)
+    enough = _pipe_size(read_fd) // 4
     last_report = 0.0
     eof = False
     _report(write_fd, recorder, budget, metrics)  # ready
@@ -469,6 +473,7 @@ def _worker(read_fd: int, write_fd: int) -> int:
     while not eof:
         busy = recorder.queued_items > 0
         readable, _, _ = select.select([read_fd], [], [], 0 if busy else _REPORT_SECONDS)
+        read = 0
         if readable:
             # up to 8 MB at a time, and a message larger than that whole (a loop turn that read
             # 16 connections' 1 MB chunks sends one of 16 MB: reading stopped short of its end
@@ -483,6 +488,7 @@ def _worker(read_fd: int, write_fd: int) -> int:
                         eof = True
                         break
                     buffer += chunk
+                    read += len(chunk)
             except BlockingIOError:
                 pass
             _feed(_frames(buffer), budget, calls)  # queued now; decoded in slices below
@@ -494,9 +500,47 @@ def _worker(read_fd: int, write_fd: int) -> int:
             _report(write_fd, recorder, budget, metrics)
         if not busy and not recorder.queued_items:
             release_free_memory()
+            if 0 < read < enough:
+                _gather(read_fd, enough)
     asyncio.run(recorder.stop())
     _report(write_fd, recorder, budget, metrics)
     return 0
+
+
+def _pipe_size(fd: int) -> int:
+    try:
+        return fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+    except (AttributeError, OSError):
+        return 64 << 10  # Linux's default
+
+
+def _waiting_bytes(fd: int) -> int:
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
+
+
+def _gather(fd: int, enough: int) -> None:
+    """Wait up to ``_GATHER_SECONDS`` for batches to gather in the pipe, less once ``enough``
+    bytes wait."""
+    end = time.monotonic() + _GATHER_SECONDS
+    while _waiting_bytes(fd) < enough:
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(left, _GATHER_STEP))
+
+
+def item_calls(recorder: Any) -> dict[int, Any]:
+    """The ``Recorder`` method each kind of item a batch holds is a call of."""
+    return {
+        _OPEN: recorder.open,
+        _DATA: recorder.data,
+        _GAP: recorder.gap,
+        _INJECTED: recorder.injected,
+        _CLOSE: recorder.close,
+    }
 
 
 def _feed(messages: list[Any], budget: _BudgetView, calls: dict[int, Any]) -> None:

@@ -524,6 +524,16 @@ def test_layout_partitions_and_row_groups(tmp_path: Path) -> None:
     assert metadata.num_row_groups >= 4
     assert all(metadata.row_group(i).num_rows <= 50 for i in range(metadata.num_row_groups))
     assert comparable(read_table(tmp_path / "small")) == comparable(rows)
+    # converted 7 rows at a time as they come (as the proxy's recorder does), written in whole
+    # row groups of 50: the same rows, and every row group but the last full
+    writer = DatasetWriter(tmp_path / "batched", row_group_rows=50, batch_rows=7)
+    with writer:
+        decode_captures([CAPTURES / "tansu-mixed.pcap"], writer.exchanges.append, writer.connections.append)
+    (file,) = (tmp_path / "batched" / "exchanges").rglob("*.parquet")
+    metadata = pq.ParquetFile(file).metadata
+    sizes = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+    assert sizes == [50] * (len(rows) // 50) + ([len(rows) % 50] if len(rows) % 50 else [])
+    assert comparable(read_table(tmp_path / "batched")) == comparable(rows)
     # converted a few rows at a time (as the proxy's writer does): the same rows, in order
     writer = DatasetWriter(tmp_path / "sliced", convert_rows=7)
     with writer:
