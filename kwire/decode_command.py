@@ -198,6 +198,19 @@ class _Failure(Exception):
         self.code = code
 
 
+def _ending_notice(quiet: bool) -> Callable[[], None]:
+    """What the first Ctrl-C of a live capture prints while the capture program is ended."""
+
+    def notice() -> None:
+        if not quiet:
+            print(
+                "kwire decode: stopping: reading what the capture still holds (Ctrl-C again to stop now)",
+                file=sys.stderr,
+            )
+
+    return notice
+
+
 def _check_capture(path: Path) -> None:
     """Stop on a file that cannot be decoded at all; damage further in is found (and kept) later."""
     if not path.exists():
@@ -526,7 +539,14 @@ def _decode_rows(
     """Decode files or a stream in this process, printing the exchanges as they come and/or
     writing the dataset; Ctrl-C prints what was decoded, keeps the dataset, and exits 130."""
     from kwire.decode_rows import Enough, RowSink, stdout_gone
-    from kwire.live import CaptureProgram, CaptureProgramError, decode_stream, stdin_segments
+    from kwire.live import (
+        RING_DELAY_S,
+        CaptureProgram,
+        CaptureProgramError,
+        EndOnInterrupt,
+        decode_stream,
+        stdin_segments,
+    )
     from kwire.rowfilter import FilterError, RowFilter
     from kwire.rowprint import RowPrinter
 
@@ -601,15 +621,23 @@ def _decode_rows(
                         segments = stdin_segments(capture)
                         fd = sys.stdin.fileno()
                     tick = None if sink is None else (lambda: sink.ready(fd))
-                    summary, error = decode_stream(
-                        segments,
-                        "stdin" if name == "-" else str(name),
-                        on_exchange,
-                        on_connection,
-                        forced_ports=ports,
-                        frame_limit=frame_limit,
-                        after_segment=tick,
-                    )
+                    with contextlib.ExitStack() as stack:
+                        if program is not None:
+                            # Ctrl-C ends tcpdump once its ring's last packets are read: kept
+                            drain = 0.0 if sink is not None else RING_DELAY_S
+                            ending = stack.enter_context(
+                                EndOnInterrupt(program, drain, _ending_notice(quiet))
+                            )
+                        summary, error = decode_stream(
+                            segments,
+                            "stdin" if name == "-" else str(name),
+                            on_exchange,
+                            on_connection,
+                            forced_ports=ports,
+                            frame_limit=frame_limit,
+                            after_segment=tick,
+                        )
+                    interrupted = program is not None and ending.interrupted
                 finally:
                     if program is not None:
                         program_failure = program.failure(timeout=0.5) if capture.packets == 0 else ""

@@ -15,14 +15,15 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 from collections.abc import Callable, Iterator
-from typing import IO
+from typing import IO, Any
 
 from decoder.pcap import CaptureError, CaptureStats, TcpSegment, iter_stream_segments
 from decoder.tcp import TcpReassembler
 from kwire.pipeline import DecodeSummary, Row, StreamDecoder
 
-__all__ = ["CaptureProgram", "CaptureProgramError", "capture_command", "decode_stream"]
+__all__ = ["CaptureProgram", "CaptureProgramError", "EndOnInterrupt", "capture_command", "decode_stream"]
 
 #: Environment variable naming the capture program (tcpdump or dumpcap).
 PROGRAM_ENV = "KWIRE_CAPTURE_PROGRAM"
@@ -97,11 +98,12 @@ class CaptureProgram:
     def pid(self) -> int:
         return self.process.pid
 
-    def stop(self, timeout: float = 5.0, *, drain: float = 0.0) -> int | None:
-        """Stop the program (SIGTERM, then SIGKILL after ``timeout`` s); its exit code.
+    def end(self, timeout: float = 5.0, *, drain: float = 0.0) -> int | None:
+        """End the program (SIGTERM, then SIGKILL after ``timeout`` s) and wait for it; its exit
+        code. Its streams stay open: a reader on another thread reads what it wrote, then EOF.
 
-        ``drain``: first wait that long, so that a reader on another thread gets the packets still
-        in the kernel's ring (``RING_DELAY_S``)."""
+        ``drain``: first wait that long, so that the reader gets the packets still in the
+        kernel's ring (``RING_DELAY_S``)."""
         process = self.process
         if drain > 0 and process.poll() is None:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -114,6 +116,12 @@ class CaptureProgram:
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout)
+        return process.returncode
+
+    def stop(self, timeout: float = 5.0, *, drain: float = 0.0) -> int | None:
+        """End the program (``end``) and close its streams; its exit code."""
+        process = self.process
+        self.end(timeout, drain=drain)
         for stream in (process.stdout, process.stderr):
             if stream is not None:
                 stream.close()
@@ -137,6 +145,40 @@ class CaptureProgram:
         what = lines[0] if lines else f"exited with code {code}"
         name = os.path.basename(self.command[0])
         return what if what.startswith(name) else f"{name}: {what}"
+
+
+class EndOnInterrupt:
+    """While in use, Ctrl-C (SIGINT) ends ``program`` instead of interrupting the reader: after
+    ``drain`` seconds (the kernel ring's delay, ``RING_DELAY_S``, or 0 in immediate mode) and in a
+    thread of its own, so the reader goes on reading until the program's stream ends, with every
+    packet it had captured. ``interrupted`` tells it happened; a second Ctrl-C interrupts at once
+    (KeyboardInterrupt), as before. ``on_interrupt`` is called on the first (a notice)."""
+
+    def __init__(self, program: CaptureProgram, drain: float, on_interrupt: Callable[[], None]) -> None:
+        self.program = program
+        self.drain = drain
+        self.on_interrupt = on_interrupt
+        self.interrupted = False
+        self._previous: Any = None
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.interrupted:
+            raise KeyboardInterrupt
+        self.interrupted = True
+        self.on_interrupt()
+        threading.Thread(
+            target=self.program.end, kwargs={"drain": self.drain}, name="kwire-capture-end", daemon=True
+        ).start()
+
+    def __enter__(self) -> EndOnInterrupt:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
 
 
 def decode_stream(
