@@ -322,3 +322,29 @@ def test_a_batch_larger_than_the_workers_reads_goes_through(tmp_path: Path) -> N
     )
     assert not metrics.dropped_bytes
     assert worker.rows_total == EXPECTED_ROWS + 1  # the big request too, unanswered
+
+
+def test_the_worker_stops_gathering_once_a_quarter_of_its_pipe_waits(monkeypatch: Any) -> None:
+    """After a quiet turn the recorder process lets batches gather in its pipe, but never until
+    the pipe fills: once a quarter of it waits, it reads again. (Gathering for its full time,
+    60 s here, would leave the thread running.)"""
+    import threading
+
+    from proxy import recorder_worker
+
+    monkeypatch.setattr(recorder_worker, "_GATHER_SECONDS", 60.0)
+    read_fd, write_fd = os.pipe()
+    try:
+        enough = recorder_worker._pipe_size(read_fd) // 4
+        os.write(write_fd, b"x" * (enough - 1))
+        assert recorder_worker._waiting_bytes(read_fd) == enough - 1
+        gathering = threading.Thread(target=recorder_worker._gather, args=(read_fd, enough), daemon=True)
+        gathering.start()
+        gathering.join(0.3)
+        assert gathering.is_alive()  # not enough yet: still gathering
+        os.write(write_fd, b"x")
+        gathering.join(10)
+        assert not gathering.is_alive()
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
