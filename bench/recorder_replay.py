@@ -185,8 +185,9 @@ def _process_cpu(pid: int) -> float:
 def replay_worker(settings: dict[str, Any], batches: list[Any], out_dir: Path, paced: bool = True) -> float:
     """CPU microseconds per exchange the recorder process itself (``python -m
     proxy.recorder_worker``) spends on ``batches`` sent down its pipe at the pace they were
-    recorded. The first fifth warms it up (its protocol tables are compiled on first use, as
-    after the benchmarks' warm-up load), unmeasured; its last files and exit are measured."""
+    recorded, as a long-running proxy's would: the first fifth warms it up (its protocol tables
+    are compiled on first use, as after the benchmarks' warm-up load) and its end (the last
+    files, the interpreter's exit) is left out."""
     from proxy.recorder_worker import _PIPE_BYTES, _frame
 
     to_read, to_worker = os.pipe()
@@ -226,12 +227,14 @@ def replay_worker(settings: dict[str, Any], batches: list[Any], out_dir: Path, p
                 time.sleep(wait)
             pipe.write(_frame(batch))
             pipe.flush()
-    _, status, usage = os.wait4(proc.pid, 0)
+        time.sleep(1.0)  # (the last batches worked off)
+        after = _process_cpu(proc.pid)
+    _, status, _usage = os.wait4(proc.pid, 0)
     reader.join(10)
     os.close(from_worker)
     if status != 0:
         raise RuntimeError(f"the recorder process failed (status {status})")
-    return 1e6 * (usage.ru_utime + usage.ru_stime - before) / _exchanges(batches[warm:])
+    return 1e6 * (after - before) / _exchanges(batches[warm:])
 
 
 def replay(path: Path, repeat: int, top: int) -> None:
