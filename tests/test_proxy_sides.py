@@ -6,9 +6,10 @@ on a pair that was not forwarded faithfully, so a pass there means something.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
-from proxy_sides import compare_pair, compare_rows, pair_streams, unread_requests
+from proxy_sides import compare_connections, compare_pair, compare_rows, pair_streams, unread_requests
 
 from decoder import message_codec as mc
 from decoder import protocol
@@ -121,3 +122,38 @@ def test_rows_must_agree_but_for_what_differs_by_nature() -> None:
     assert unread_requests(first + produce, len(first)) == {(2, 0)}
     report = compare_rows([row(5, 1)], [*decoded, missing], routes, unread={5: {(2, 0)}})
     assert report.problems == [] and len(report.unread[5]) == 1
+
+
+def _connection(**values: Any) -> dict[str, Any]:
+    base = {
+        "client_port": 5,
+        "first_packet_time": 1_000_000,
+        "end_reason": "closed",
+        "client_id": None,
+        "protocol": "kafka",
+        "bytes_to_broker": 0,
+        "bytes_to_client": 0,
+        "frames_to_broker": 0,
+        "frames_to_client": 0,
+        "gap_bytes_to_broker": 0,
+        "gap_bytes_to_client": 0,
+        "resyncs": 0,
+    }
+    return base | values
+
+
+def test_a_connection_the_proxy_ended_before_reading_a_byte_is_its_late_requests() -> None:
+    """The proxy ended the connection before it read anything (its row: "other", no Kafka
+    counts); the client's request came after. The capture sees a Kafka connection of that
+    request alone, and the comparison expects exactly that."""
+    recorded = _connection(protocol="other", frames_to_broker=None, frames_to_client=None, resyncs=None)
+    late = [{"request_size": 40, "client_id": "c"}]
+    decoded = _connection(bytes_to_broker=40, frames_to_broker=1, client_id="c")
+    assert compare_connections([recorded], [decoded], {5: late}) == (
+        1,
+        Counter({("closed", "closed"): 1}),
+        [],
+    )
+    # what the capture shows must still match: a request more is a problem
+    decoded = decoded | {"frames_to_broker": 2}
+    assert compare_connections([recorded], [decoded], {5: late})[2]
