@@ -10,12 +10,14 @@ CPU swings with the machine's load when measured live. This measures it steadily
 * ``record`` runs a Tansu broker and ``kwire proxy -o`` (launched through this script so that
   its recorder process also appends every message it reads from its pipe to FILE), and the
   many-connections load of ``bench/proxy_overhead.py`` (``tests/proxy_load.py``) through it;
-* ``replay`` feeds FILE's messages to a ``proxy.recorder.Recorder`` in this process, as the
-  worker does (``proxy.recorder_worker._feed``, then decoding, rows, metrics and the Parquet
-  writer thread), and prints its CPU per exchange (this process, all threads), the best of
-  ``--repeat``; then what each stage adds, each run on its own from the same messages:
-  decoding (``KafkaConnection`` fed as the recorder feeds it), rows
-  (``kwire.rows.ExchangeRows``), the whole recorder without a writer, and with it.
+* ``replay`` feeds FILE's messages again and prints CPU microseconds per exchange (minimum and
+  median of ``--repeat`` runs) of, in this process (all threads, caches warm): decoding alone
+  (``KafkaConnection`` fed as the recorder feeds it), with rows (``kwire.rows.ExchangeRows``),
+  the whole ``proxy.recorder.Recorder`` fed as the worker feeds it without a writer, and with
+  its Parquet writer; then of a real recorder process (``python -m proxy.recorder_worker``)
+  sent the messages down its pipe at the pace they were recorded, as a long-running proxy's:
+  its warm-up (the first fifth) and its end left out. That last line is the one to compare
+  between versions.
 
 ``--cprofile N`` also prints the top N functions of one whole replay by own time.
 """
@@ -29,6 +31,7 @@ import fcntl
 import os
 import pstats
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,8 +45,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-_OPEN, _DATA, _GAP, _INJECTED, _CLOSE = range(5)
-
+from proxy.recorder_worker import _DATA, _GAP, _OPEN  # noqa: E402 - after the path setup
 
 # ---- record ----------------------------------------------------------------------------------
 
@@ -243,28 +245,23 @@ def replay(path: Path, repeat: int, top: int) -> None:
     print(f"{path}: {len(batches)} batches, about {exchanges} exchanges (data items / 2)")
     workdir = Path(tempfile.mkdtemp(prefix="kwire-replay-"))
     try:
-        results: dict[str, list[float]] = {
-            "decode": [],
-            "decode + rows": [],
-            "recorder": [],
-            "recorder + writer": [],
-            "recorder process": [],
-        }
-        rows = 0
+        results: dict[str, list[float]] = {}  # us per exchange, per run
         for i in range(repeat):
-            results["decode"].append(replay_decoding(batches, False)[0])
             seconds, rows = replay_decoding(batches, True)
-            results["decode + rows"].append(seconds)
-            results["recorder"].append(replay_recorder(settings, batches, None)[0])
+            alone, _ = replay_decoding(batches, False)
+            results.setdefault("decode", []).append(1e6 * alone / rows)
+            results.setdefault("decode + rows", []).append(1e6 * seconds / rows)
+            seconds, rows = replay_recorder(settings, batches, None)
+            results.setdefault("recorder", []).append(1e6 * seconds / rows)
             out = workdir / f"out-{i}"
             seconds, rows = replay_recorder(settings, batches, out)
-            results["recorder + writer"].append(seconds)
+            results.setdefault("recorder + writer", []).append(1e6 * seconds / rows)
             shutil.rmtree(out, ignore_errors=True)
-            results["recorder process"].append(replay_worker(settings, batches, out) * rows / 1e6)
+            results.setdefault("recorder process", []).append(replay_worker(settings, batches, out))
             shutil.rmtree(out, ignore_errors=True)
-        print(f"{rows} rows; CPU per row, best of {repeat}:")
+        print(f"CPU us per exchange, {repeat} runs: min, median")
         for name, values in results.items():
-            print(f"  {name:<20} {1e6 * min(values) / rows:7.1f} us   ({min(values):.2f} s)")
+            print(f"  {name:<20} {min(values):7.1f} {statistics.median(values):7.1f}")
         if top:
             profile = cProfile.Profile()
             profile.enable()

@@ -30,9 +30,9 @@ class TableWriter:
     Rows are buffered as dicts and converted to Arrow every ``batch_rows`` rows (default: a
     row group's worth); converted batches wait until they make a row group of
     ``row_group_rows`` (or the roll) and are written as one. A recorder that converts as rows
-    come, in small batches, still writes whole row groups: zstd and the per-column chunk
-    metadata cost 7.9 us a row written 4,096 rows at a time and 4.2 us in one row group
-    (20,000 rows of a 200-connection proxy load, ``bench/recorder_replay.py``).
+    come, in small batches, still writes whole row groups: on 20,000 rows of a 200-connection
+    proxy load (``bench/recorder_replay.py``) the writer cost 8.8 us a row written 4,096 rows
+    at a time and 7.9 us in whole row groups of 65,536 (zstd and each column chunk's metadata).
     """
 
     def __init__(

@@ -37,9 +37,9 @@ Bounds keep a slow recorder from slowing traffic, and it says when it skips:
 
 Rows are handed to ``kwire.dataset.DatasetWriter`` in a worker thread every half second,
 which converts them ``_BATCH_ROWS`` at a time as they come, writes a row group once it has
-``_ROW_GROUP_ROWS`` converted, and rolls every ``flush_seconds`` or ``flush_rows`` rows; each roll closes the files and renames them from
-their temporary names, so a reader, or a proxy killed with SIGKILL, only ever leaves
-complete files behind (at most the last window is lost).
+``_ROW_GROUP_ROWS`` converted, and rolls every ``flush_seconds`` or ``flush_rows`` rows; each
+roll closes the files and renames them from their temporary names, so a reader, or a proxy
+killed with SIGKILL, only ever leaves complete files behind (at most the last window is lost).
 """
 
 from __future__ import annotations
@@ -473,9 +473,9 @@ class Recorder:
         """Hand the rows made so far to the writer thread every ``_HANDOFF_SECONDS``, and roll
         (files closed and published) every ``flush_seconds`` or ``flush_rows`` rows.
 
-        The writer converts rows ``_BATCH_ROWS`` at a time as they come: converting a whole window's rows at the roll (25 us of CPU a row, most of it holding
-        the GIL) was a burst of half a second every 10 s at 2,000 exchanges/s, and the
-        forwarding loop's p99."""
+        The writer converts rows ``_BATCH_ROWS`` at a time as they come: converting a whole
+        window's rows at the roll (25 us of CPU a row, most of it holding the GIL) was a burst
+        of half a second every 10 s at 2,000 exchanges/s, and the forwarding loop's p99."""
         if self.writer is None or (self._writing is not None and not self._writing.done()):
             return
         if self._writing is not None:

@@ -97,10 +97,11 @@ _NICE = 19
 #: After a quiet turn (a read of less than a quarter of the pipe), the worker lets the next
 #: batches gather in its pipe for up to this long before it reads again, waking every
 #: ``_GATHER_STEP`` to stop early once a quarter of the pipe waits (so the pipe never fills
-#: meanwhile). Woken by each 10 ms batch, it spent more CPU per exchange on waking and on
-#: cold caches than on decoding: replaying a recorded 200-connection load
-#: (``bench/recorder_replay.py``) it used 59-84 us per exchange waking for every batch, 48-50
-#: gathering for 0.25 s. Rows and metrics come that much later; the lag bound is 1 s or more.
+#: meanwhile). Woken by each 10 ms batch, its caches cold each time, it used about twice the
+#: CPU per exchange its work takes hot: replaying a recorded 200-connection load
+#: (``bench/recorder_replay.py``, with the writer's whole row groups) it used 71.7 us per
+#: exchange waking for every batch and 55.5 gathering for 0.25 s (medians of 4 runs; 0.5 s and
+#: 1 s gained nothing more). Rows and metrics come that much later; the lag bound is 1 s or more.
 _GATHER_SECONDS = 0.25
 _GATHER_STEP = 0.025
 #: The least lag the worker's ``Recorder`` allows before it skips (``max_lag_seconds``; half
@@ -500,7 +501,7 @@ def _worker(read_fd: int, write_fd: int) -> int:
             _report(write_fd, recorder, budget, metrics)
         if not busy and not recorder.queued_items:
             release_free_memory()
-            if 0 < read < enough:
+            if 0 < read < enough and not eof:
                 _gather(read_fd, enough)
     asyncio.run(recorder.stop())
     _report(write_fd, recorder, budget, metrics)
