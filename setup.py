@@ -1,4 +1,5 @@
-"""The compiled parts (decoder/_layoutvm.c, decoder/_pcapscan.c, decoder/_rowvalues.c); everything else is in pyproject.toml.
+"""The compiled parts (decoder/_layoutvm.c, decoder/_pcapscan.c, decoder/_rowvalues.c,
+kwire/_rowarrow.c); everything else is in pyproject.toml.
 
 A build failure fails ``pip install`` (and so ``scripts/bootstrap-venv``) with the compiler's
 message: the extension is not optional.
@@ -23,6 +24,12 @@ setup(
         Extension(
             "decoder._pcapscan",
             ["decoder/_pcapscan.c"],
+            extra_compile_args=["-O2", "-std=c99", "-Wall"],
+            optional=False,
+        ),
+        Extension(
+            "kwire._rowarrow",
+            ["kwire/_rowarrow.c"],
             extra_compile_args=["-O2", "-std=c99", "-Wall"],
             optional=False,
         ),

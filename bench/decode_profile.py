@@ -105,16 +105,16 @@ def stages(path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from kwire.rowarrow import compiled_plan, record_batch
     from kwire.schema import EXCHANGES_SCHEMA
 
     schema = EXCHANGES_SCHEMA.remove(EXCHANGES_SCHEMA.get_field_index("date"))
     batches: list[Any] = []
 
     def arrow() -> int:
-        row_type = pa.struct(list(schema))
+        plan = compiled_plan(schema)
         for start in range(0, len(rows), 64_000):
-            structs = pa.array(rows[start : start + 64_000], type=row_type)
-            batches.append(pa.RecordBatch.from_struct_array(structs))
+            batches.append(record_batch(rows[start : start + 64_000], schema, plan))
         return len(batches)
 
     def parquet() -> int:

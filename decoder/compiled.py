@@ -12,15 +12,15 @@ from types import ModuleType
 __all__ = ["load"]
 
 
-def load(name: str, what: str) -> ModuleType | None:
-    """``decoder.<name>`` (compiled from ``decoder/<name>.c``), or None in pure-Python mode."""
+def load(name: str, what: str, package: str = "decoder") -> ModuleType | None:
+    """``<package>.<name>`` (compiled from ``<package>/<name>.c``), or None in pure-Python mode."""
     if os.environ.get("KWIRE_PURE_PYTHON") == "1":
         return None
     try:
-        return importlib.import_module(f"decoder.{name}")
+        return importlib.import_module(f"{package}.{name}")
     except ImportError as exc:
         raise ImportError(
-            f"decoder.{name} (kwire's {what}, decoder/{name}.c) is not built: run "
+            f"{package}.{name} (kwire's {what}, {package}/{name}.c) is not built: run "
             "`bash scripts/bootstrap-venv`, which compiles it (needs a C compiler and Python's headers), "
             "or set KWIRE_PURE_PYTHON=1 to use the Python reference alone"
         ) from exc

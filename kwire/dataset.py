@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kwire.rowarrow import compiled_plan, record_batch
 from kwire.schema import CONNECTIONS_SCHEMA, EXCHANGES_SCHEMA
 
 __all__ = ["DEFAULT_ROW_GROUP_ROWS", "DatasetWriter", "TableWriter"]
@@ -48,7 +49,7 @@ class TableWriter:
         self.convert_rows = convert_rows
         self.schema = schema
         self.file_schema = schema.remove(schema.get_field_index("date"))
-        self._row_type = pa.struct(list(self.file_schema))
+        self._plan = compiled_plan(self.file_schema)
         self.prefix = prefix
         self.row_group_rows = row_group_rows
         self.batch_rows = min(batch_rows or row_group_rows, row_group_rows)
@@ -93,20 +94,19 @@ class TableWriter:
         self.rows_written += table.num_rows
 
     def _batches(self, rows: list[dict[str, Any]]) -> list[pa.RecordBatch]:
-        # The row dicts converted as structs (keys not in the schema, such as the
-        # partition's date, are ignored): about twice as fast as Table.from_pylist. One
-        # conversion holds the GIL from start to end (no bytecode runs inside it, so the
-        # switch interval cannot cut in), about 15 us per exchange row: 3,000 rows take
-        # 45 ms and 64,000 about a second, that long a stall for a proxy's forwarding
-        # thread. With ``convert_rows`` set, rows are converted that many at a time and
-        # other threads can take the GIL in between. Measured at 128 on 64,000 rows: about
-        # 10% more conversion CPU, and a thread waiting for the GIL waited at most 4-8 ms;
-        # the Parquet write of the pieces releases the GIL (waits of 1-2 ms).
+        # The row dicts converted by kwire.rowarrow (keys not in the schema, such as the
+        # partition's date, are ignored). One conversion holds the GIL from start to end (no
+        # bytecode runs inside it, so the switch interval cannot cut in): with pyarrow's
+        # struct conversion, about 15 us per exchange row, 3,000 rows took 45 ms and 64,000
+        # about a second, that long a stall for a proxy's forwarding thread. With
+        # ``convert_rows`` set, rows are converted that many at a time and other threads can
+        # take the GIL in between. Measured at 128 on 64,000 rows: about 10% more conversion
+        # CPU, and a thread waiting for the GIL waited at most 4-8 ms; the Parquet write of
+        # the pieces releases the GIL (waits of 1-2 ms).
         size = self.convert_rows or len(rows)
         batches = []
         for start in range(0, len(rows), size):
-            structs = pa.array(rows[start : start + size], type=self._row_type)
-            batches.append(pa.RecordBatch.from_struct_array(structs))
+            batches.append(record_batch(rows[start : start + size], self.file_schema, self._plan))
             if self.convert_rows:
                 time.sleep(0)  # let a thread waiting for the GIL (the proxy's loop) run
         return batches
