@@ -5,7 +5,12 @@ Why compiled. pyarrow converts the row dicts as one struct array (kwire/dataset.
 bench/decode_profile.py, 2026-11-29), most of it in the nested columns (batches, partition
 errors, topics). Converting column by column with pa.array was no faster (3.5 us a row for the
 columns' pa.array calls alone). Here each row's value is appended straight to the column's
-buffers, which Python then hands to pa.Array.from_buffers without a copy of the values.
+buffers, which Python then hands to pa.Array.from_buffers without a copy of the values: chatty's
+rows in 1.4-1.8 us a row against pyarrow's 3.7-4.3 (warm, same run). Two things measured there
+(callgrind, instructions per row): a dict's keys are read in the dict's own order and matched to
+fields by identity against the previous dict's order (20.9k -> 17.2k; looking each field up by
+name cost ~120 instructions a look-up, and most columns of a row are absent), and the bitmap and
+buffer checks inlined (17.2k -> 14.0k).
 
 It knows no schema of its own: kwire/rowarrow.py passes a plan made from the Arrow type (a kind,
 the key to read a value under, the children), and only these kinds: bool, int8/16/32/64 (also a
@@ -43,15 +48,21 @@ typedef struct Node {
     struct Node *children;
     Py_ssize_t length, nulls;
     Buf valid, offsets, data;
+    /* a struct: the keys of the last dict read, in its order, and the field each one went to
+       (-1: not a field). Rows of one kind share one key order, so most keys are matched by
+       identity here instead of looked up (held references: an address is not reused meanwhile) */
+    PyObject **order_keys;
+    int *order_fields;
+    Py_ssize_t order_len, order_cap;
+    unsigned filled; /* a struct's dict count; a field read from that dict is marked with it */
+    unsigned stamp;
 } Node;
 
 static const int WIDTH[K_KINDS] = {0, 1, 2, 4, 8, 0, 0, 0};
 static const long long LOWEST[K_KINDS] = {0, INT8_MIN, INT16_MIN, INT32_MIN, INT64_MIN, 0, 0, 0};
 static const long long HIGHEST[K_KINDS] = {0, INT8_MAX, INT16_MAX, INT32_MAX, INT64_MAX, 0, 0, 0};
 
-static int buf_grow(Buf *b, Py_ssize_t need) {
-    if (b->len + need <= b->cap)
-        return 0;
+static int buf_grow_slow(Buf *b, Py_ssize_t need) {
     Py_ssize_t cap = b->cap ? b->cap : 256;
     while (cap < b->len + need)
         cap *= 2;
@@ -66,8 +77,12 @@ static int buf_grow(Buf *b, Py_ssize_t need) {
     return 0;
 }
 
+static inline int buf_grow(Buf *b, Py_ssize_t need) {
+    return b->len + need <= b->cap ? 0 : buf_grow_slow(b, need);
+}
+
 /* bit ``i`` of a bitmap (set when ``on``); its bytes are grown and zeroed as needed */
-static int bit_put(Buf *b, Py_ssize_t i, int on) {
+static inline int bit_put(Buf *b, Py_ssize_t i, int on) {
     Py_ssize_t byte = i >> 3;
     if (byte >= b->len) {
         if (buf_grow(b, byte + 1 - b->len) < 0)
@@ -93,6 +108,10 @@ static int offset_put(Node *n, Py_ssize_t value) {
 static void node_free(Node *n) {
     for (int i = 0; i < n->nchildren; i++)
         node_free(&n->children[i]);
+    for (Py_ssize_t i = 0; i < n->order_len; i++)
+        Py_DECREF(n->order_keys[i]);
+    PyMem_Free(n->order_keys);
+    PyMem_Free(n->order_fields);
     PyMem_Free(n->children);
     PyMem_Free(n->valid.p);
     PyMem_Free(n->offsets.p);
@@ -213,6 +232,84 @@ static int append_int(Node *n, PyObject *v) {
     return OK;
 }
 
+/* the field of struct ``n`` that key ``k`` names: its index, -1 for none, -2 for a key that is
+   a str subclass (it may have its own hash and equality: pyarrow's look-up is to judge) */
+static int field_of(Node *n, PyObject *k) {
+    if (!PyUnicode_Check(k))
+        return -1; /* pyarrow looks fields up by their names: other keys are never read */
+    if (!PyUnicode_CheckExact(k))
+        return -2;
+    for (int i = 0; i < n->nchildren; i++)
+        if (n->children[i].key == k)
+            return i;
+    for (int i = 0; i < n->nchildren; i++)
+        if (PyUnicode_Compare(n->children[i].key, k) == 0)
+            return i;
+    return -1;
+}
+
+static int order_put(Node *n, Py_ssize_t j, PyObject *k, int field) {
+    if (j >= n->order_cap) {
+        Py_ssize_t cap = n->order_cap ? n->order_cap * 2 : 32;
+        PyObject **keys = PyMem_Realloc(n->order_keys, cap * sizeof(PyObject *));
+        if (!keys) {
+            PyErr_NoMemory();
+            return FAILED;
+        }
+        n->order_keys = keys;
+        int *fields = PyMem_Realloc(n->order_fields, cap * sizeof(int));
+        if (!fields) {
+            PyErr_NoMemory();
+            return FAILED;
+        }
+        n->order_fields = fields;
+        n->order_cap = cap;
+    }
+    if (j < n->order_len)
+        Py_SETREF(n->order_keys[j], Py_NewRef(k));
+    else {
+        n->order_keys[j] = Py_NewRef(k);
+        n->order_len = j + 1;
+    }
+    n->order_fields[j] = field;
+    return OK;
+}
+
+/* one dict's values to the fields of struct ``n`` (a missing field: null) */
+static int fill_struct(Node *n, PyObject *d) {
+    if (!PyDict_CheckExact(d))
+        return UNSUPPORTED;
+    unsigned mark = ++n->filled;
+    Py_ssize_t pos = 0, j = 0;
+    PyObject *k, *value;
+    int rc;
+    while (PyDict_Next(d, &pos, &k, &value)) {
+        int field;
+        if (j < n->order_len && n->order_keys[j] == k)
+            field = n->order_fields[j];
+        else {
+            field = field_of(n, k);
+            if (field == -2 || PyErr_Occurred()) {
+                PyErr_Clear();
+                return UNSUPPORTED;
+            }
+            if ((rc = order_put(n, j, k, field)) != OK)
+                return rc;
+        }
+        j++;
+        if (field >= 0) {
+            Node *child = &n->children[field];
+            if ((rc = append(child, value)) != OK)
+                return rc;
+            child->stamp = mark;
+        }
+    }
+    for (int i = 0; i < n->nchildren; i++)
+        if (n->children[i].stamp != mark && append_null(&n->children[i]) != OK)
+            return FAILED;
+    return OK;
+}
+
 static int append(Node *n, PyObject *v) {
     if (v == NULL || v == Py_None)
         return append_null(n);
@@ -253,19 +350,10 @@ static int append(Node *n, PyObject *v) {
             return rc;
         break;
     }
-    case K_STRUCT: {
-        if (!PyDict_CheckExact(v))
-            return UNSUPPORTED;
-        for (int i = 0; i < n->nchildren; i++) {
-            Node *field = &n->children[i];
-            PyObject *value = PyDict_GetItemWithError(v, field->key);
-            if (!value && PyErr_Occurred())
-                return FAILED;
-            if ((rc = append(field, value)) != OK)
-                return rc;
-        }
+    case K_STRUCT:
+        if ((rc = fill_struct(n, v)) != OK)
+            return rc;
         break;
-    }
     default:
         if ((rc = append_int(n, v)) != OK)
             return rc;
@@ -324,36 +412,27 @@ static PyObject *convert(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!O!:convert", &PyList_Type, &rows, &PyTuple_Type, &plans))
         return NULL;
     Py_ssize_t ncols = PyTuple_GET_SIZE(plans);
-    Node *cols = PyMem_Calloc(ncols ? ncols : 1, sizeof(Node));
-    if (!cols)
+    Node root; /* the row: a struct whose fields are the columns (never null itself) */
+    memset(&root, 0, sizeof(root));
+    root.kind = K_STRUCT;
+    root.children = PyMem_Calloc(ncols ? ncols : 1, sizeof(Node));
+    if (!root.children)
         return PyErr_NoMemory();
+    root.nchildren = (int)ncols;
+    Node *cols = root.children;
     PyObject *result = NULL;
     int rc = OK;
     for (Py_ssize_t c = 0; c < ncols; c++) {
         if (node_init(&cols[c], PyTuple_GET_ITEM(plans, c)) < 0)
             goto done;
-        if (!cols[c].key) {
-            PyErr_SetString(PyExc_ValueError, "a column's plan needs its key");
+        if (!cols[c].key || !PyUnicode_CheckExact(cols[c].key)) {
+            PyErr_SetString(PyExc_ValueError, "a column's plan needs its key, a str");
             goto done;
         }
     }
     Py_ssize_t nrows = PyList_GET_SIZE(rows);
-    for (Py_ssize_t r = 0; r < nrows && rc == OK; r++) {
-        PyObject *row = PyList_GET_ITEM(rows, r);
-        if (!PyDict_CheckExact(row)) {
-            rc = UNSUPPORTED;
-            break;
-        }
-        for (Py_ssize_t c = 0; c < ncols; c++) {
-            PyObject *value = PyDict_GetItemWithError(row, cols[c].key);
-            if (!value && PyErr_Occurred()) {
-                rc = FAILED;
-                break;
-            }
-            if ((rc = append(&cols[c], value)) != OK)
-                break;
-        }
-    }
+    for (Py_ssize_t r = 0; r < nrows && rc == OK; r++)
+        rc = fill_struct(&root, PyList_GET_ITEM(rows, r));
     if (rc == FAILED)
         goto done;
     if (rc == UNSUPPORTED) {
@@ -372,9 +451,7 @@ static PyObject *convert(PyObject *self, PyObject *args) {
         PyTuple_SET_ITEM(result, c, column);
     }
 done:
-    for (Py_ssize_t c = 0; c < ncols; c++)
-        node_free(&cols[c]);
-    PyMem_Free(cols);
+    node_free(&root);
     return result;
 }
 

@@ -10,6 +10,7 @@ row pyarrow rejects is rejected the same way. ``KWIRE_PURE_PYTHON=1`` uses pyarr
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pyarrow as pa
@@ -26,6 +27,9 @@ _INTS = {8: "INT8", 16: "INT16", 32: "INT32", 64: "INT64"}
 def _plan(arrow_type: pa.DataType, key: str | None) -> tuple | None:
     """(kind, key, child plans) for ``arrow_type``, or None if the compiled path lacks its kind."""
     kinds = _rowarrow
+    # interned like the rows' keys (literals in kwire.rows and decoder.extract): a dict look-up
+    # then matches by identity, not by comparing the text
+    key = sys.intern(key) if key is not None else None
     if pa.types.is_boolean(arrow_type):
         return (kinds.BOOL, key, ())
     if pa.types.is_signed_integer(arrow_type):

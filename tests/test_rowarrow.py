@@ -192,6 +192,36 @@ def test_values_pyarrow_judges_are_left_to_it(row: dict[str, Any]) -> None:
     _same([{"i32": 1}, row], EDGE_SCHEMA)  # ...and the outcome is pyarrow's
 
 
+class _Key(str):
+    """A str subclass: may hash and compare as it likes, so pyarrow's look-up decides."""
+
+
+def _copy(text: str) -> str:
+    return "".join(list(text))  # equal, but not the same (interned) object
+
+
+def test_keys_in_any_order_and_equal_copies_are_the_same_fields() -> None:
+    rows: list[dict[Any, Any]] = [
+        {"i32": 1, "text": "a", "flag": True, "inner": {"a": 1, "b": "x"}},
+        {"flag": False, "inner": {"b": "y", "a": 2}, "text": "b", "i32": 2},  # the other way round
+        {_copy("text"): "c", _copy("i32"): 3, 7: "a non-str key is never read", ("t",): 1},
+        {"items": [{"on": True, "name": "n"}, {_copy("name"): "m", "crcs": [1]}, {"crcs": [], "on": None}]},
+        {"i32": 4},  # shorter than the order before it
+        {"text": "d", "i32": 5, "flag": None, "inner": {_copy("a"): 3}},
+    ]
+    plan = rowarrow.compiled_plan(EDGE_SCHEMA)
+    assert C.convert(rows, plan) is not None
+    _same(rows, EDGE_SCHEMA)
+    assert rowarrow.record_batch(rows, EDGE_SCHEMA, plan).column("i32").to_pylist() == [1, 2, 3, None, 4, 5]
+
+
+def test_a_str_subclass_key_is_left_to_pyarrow() -> None:
+    plan = rowarrow.compiled_plan(EDGE_SCHEMA)
+    rows = [{"i32": 1}, {_Key("i32"): 2}]
+    assert C.convert(rows, plan) is None
+    _same(rows, EDGE_SCHEMA)
+
+
 def test_rows_that_are_not_dicts_are_left_to_pyarrow() -> None:
     plan = rowarrow.compiled_plan(EDGE_SCHEMA)
     assert C.convert([{"i32": 1}, None], plan) is None
