@@ -21,6 +21,7 @@ from pyspark.sql.types import ArrayType, DataType, MapType, StructType, _parse_d
 
 from decoder.protocol import API_NAMES, ERRORS
 from kwire.schema import CONNECTIONS_SCHEMA, EXCHANGES_SCHEMA
+from spark_jobs.session import one_partition
 
 __all__ = [
     "CLIENT_COLUMNS",
@@ -28,6 +29,7 @@ __all__ = [
     "Tables",
     "api_name",
     "attach_software",
+    "broadcast",
     "client_key",
     "client_software",
     "combine_runs",
@@ -100,12 +102,17 @@ def _read_table(spark: SparkSession, root: Path, name: str, schema: StructType) 
 
 
 def load_table(spark: SparkSession, dataset: str | Path, name: str) -> DataFrame:
-    """Read ``DATASET/<name>``, ``exchanges`` or ``connections`` (a missing table reads as empty)."""
+    """Read ``DATASET/<name>``, ``exchanges`` or ``connections`` (a missing table reads as empty).
+    In a session of one-partition plans (``spark_jobs.session.one_partition``) the table is one
+    partition that Spark knows is the only one: no aggregate, window, sort or join on it needs
+    a shuffle."""
     schema = {"exchanges": exchanges_spark_schema, "connections": connections_spark_schema}[name]()
     if "://" in str(dataset):  # a cluster path (hdfs://, s3a://): let Spark list it
         base = f"{str(dataset).rstrip('/')}/{name}"
-        return spark.read.option("basePath", base).schema(schema).parquet(base)
-    return _read_table(spark, Path(dataset), name, schema)
+        df = spark.read.option("basePath", base).schema(schema).parquet(base)
+    else:
+        df = _read_table(spark, Path(dataset), name, schema)
+    return df.coalesce(1) if one_partition(spark) else df
 
 
 def load_tables(spark: SparkSession, dataset: str | Path) -> Tables:
@@ -127,6 +134,13 @@ def combine_runs(tables: Tables) -> Tables:
         )
 
     return Tables(one(tables.exchanges), one(tables.connections))
+
+
+def broadcast(df: DataFrame) -> DataFrame:
+    """``df`` marked as a join's small side to broadcast, unless the session's plans are one
+    partition (``spark_jobs.session.one_partition``): there a join needs no shuffle, and a
+    broadcast would be a Spark job of its own."""
+    return df if one_partition(df.sparkSession) else F.broadcast(df)
 
 
 def materialize(df: DataFrame) -> DataFrame:
@@ -233,7 +247,7 @@ def attach_software(df: DataFrame, exchanges: DataFrame, *, keep_key: bool = Fal
     rest = [c for c in df.columns if c not in CLIENT_COLUMNS and c != "client_key"]
     own = df.withColumnsRenamed({c: f"_own_{c}" for c in own_ids if c in df.columns})
     own = own.drop(*[c for c in CLIENT_COLUMNS if c in own.columns])
-    out = own.join(F.broadcast(software), "client_key", "left")
+    out = own.join(broadcast(software), "client_key", "left")
     ids = [
         F.coalesce(*[F.col(f"_own_{c}") for c in (name,) if c in df.columns], F.col(f"_sw_{name}")).alias(
             name
@@ -260,8 +274,8 @@ def with_window_end(df: DataFrame, exchanges: DataFrame, name: str = "window_end
     (``source``), or of the whole dataset when ``df`` has no ``source`` column."""
     last = F.greatest(F.max("request_time"), F.max("response_time")).alias(name)
     if "source" in df.columns:
-        return df.join(F.broadcast(exchanges.groupBy("source").agg(last)), "source", "left")
-    return df.crossJoin(F.broadcast(exchanges.agg(last)))
+        return df.join(broadcast(exchanges.groupBy("source").agg(last)), "source", "left")
+    return df.crossJoin(broadcast(exchanges.agg(last)))
 
 
 def has_error(entries: str, codes: list[int] | None = None) -> Column:
@@ -379,15 +393,16 @@ def api_name(key: Column) -> Column:
 
 
 def ordered(df: DataFrame, *cols: str | Column) -> DataFrame:
-    """A small result as one sorted partition: one shuffle, no range sampling (``orderBy``
-    would compute the whole plan twice to sample it).
+    """A small result as one sorted partition: one shuffle (none in a session of one-partition
+    plans), no range sampling (``orderBy`` would compute the whole plan twice to sample it).
 
     Rows equal in ``cols`` are then ordered by the other columns (those Spark can order: not
     maps), so that the file's order never depends on the plan: two batches sent in one
     request share their ``first_sent``, and came out in either order."""
     named = {c for c in cols if isinstance(c, str)}
     ties = [f.name for f in df.schema.fields if f.name not in named and _orderable(f.dataType)]
-    return df.repartition(1).sortWithinPartitions(*cols, *ties)
+    one = df.coalesce(1) if one_partition(df.sparkSession) else df.repartition(1)  # no shuffle there
+    return one.sortWithinPartitions(*cols, *ties)
 
 
 def _orderable(kind: DataType) -> bool:
@@ -471,7 +486,7 @@ def name_topics(
     """``df`` with ``topic`` filled from ``topic_id`` through ``names`` (:func:`topic_names`)
     where it is null; the id itself when no Metadata response named it."""
     joined = df.join(
-        F.broadcast(names.withColumnRenamed("topic_id", "_tid")), F.col(topic_id) == F.col("_tid"), "left"
+        broadcast(names.withColumnRenamed("topic_id", "_tid")), F.col(topic_id) == F.col("_tid"), "left"
     )
     return joined.withColumn(topic, F.coalesce(F.col(topic), F.col("topic_name"), F.col(topic_id))).drop(
         "_tid", "topic_name"

@@ -27,6 +27,7 @@ from pyspark.sql import functions as F
 from spark_jobs.common import (
     api_name,
     attach_software,
+    broadcast,
     client_key,
     client_software,
     event_time,
@@ -240,7 +241,7 @@ def latency(exchanges: DataFrame) -> DataFrame:
 
     names = client_software(exchanges).select("client_key", "source", "client_id", "client_ip")
     api, api_broker = stats(api_keys), stats(broker_keys)
-    api_client = stats([*broker_keys, "client_key"]).join(F.broadcast(names), "client_key", "left")
+    api_client = stats([*broker_keys, "client_key"]).join(broadcast(names), "client_key", "left")
     cols = [
         "scope",
         "api_key",

@@ -59,6 +59,7 @@ from pyspark.sql import functions as F
 
 from spark_jobs.common import (
     attach_software,
+    broadcast,
     client_key,
     error_name,
     materialize,
@@ -403,7 +404,7 @@ def _metadata_leaders(exchanges: DataFrame, wanted: DataFrame) -> DataFrame:
             leader["port"].alias("leader_port"),
         )
         .where(F.col("topic").isNotNull())
-        .join(F.broadcast(wanted), ["source", "client_key", "topic", "partition"], "left_semi")
+        .join(broadcast(wanted), ["source", "client_key", "topic", "partition"], "left_semi")
     )
 
 
@@ -446,7 +447,7 @@ def inferred_resends(
     wanted = failed.select(*keys).distinct()
     sends = (
         attempts.where(~F.col("idempotent"))
-        .join(F.broadcast(wanted), keys, "left_semi")
+        .join(broadcast(wanted), keys, "left_semi")
         .select(
             *keys,
             F.col("request_time").alias("sent_time"),
@@ -479,7 +480,7 @@ def inferred_resends(
         .withColumn("_known", F.lit(True))
     )
     leading = leaders.join(first_send, [*keys, "resend_time"]).join(
-        F.broadcast(known), ["leader_host", "leader_port"], "left"
+        broadcast(known), ["leader_host", "leader_port"], "left"
     )
     to_leader = (F.col("resend_broker_ip") == F.col("leader_host")) & (
         F.col("resend_broker_port") == F.col("leader_port")
@@ -650,7 +651,7 @@ def batch_fates(
     window_end = exchanges.groupBy("source").agg(
         F.greatest(F.max("request_time"), F.max("response_time")).alias("window_end")
     )
-    batches = batches.join(F.broadcast(window_end), "source", "left")
+    batches = batches.join(broadcast(window_end), "source", "left")
     if connections is not None:
         batches = batches.join(client_closed(connections), ["source", "client_key"], "left")
         # bytes missing from the capture towards the client: a response may be among them

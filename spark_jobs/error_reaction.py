@@ -38,6 +38,7 @@ from pyspark.sql import functions as F
 
 from spark_jobs.common import (
     attach_software,
+    broadcast,
     client_key,
     error_name,
     event_time,
@@ -99,7 +100,7 @@ def _produce_errors(attempts: DataFrame, fates: DataFrame) -> DataFrame:
     inferred = ~linked & (F.col("fate") == "resent_unlinked")
     keys = ["source", "client_key", "topic", "partition"]
     sends = attempts.select(*keys, F.col("request_time").alias("_sent")).join(
-        F.broadcast(failed.select(*keys).distinct()), keys, "left_semi"
+        broadcast(failed.select(*keys).distinct()), keys, "left_semi"
     )
     failed = failed.withColumn("error_time", F.coalesce("response_time", "request_time"))
     failed = next_time_after(failed, sends, keys, "error_time", "_sent", "next_send_time")
@@ -148,7 +149,7 @@ def _partition_errors(
     ).where(F.col("partition") >= 0)
     # Produce and Fetch v13+ name topics by id: one topic must have one name on both sides
     results = (
-        results.join(F.broadcast(names), F.col("topic") == F.col("topic_id"), "left")
+        results.join(broadcast(names), F.col("topic") == F.col("topic_id"), "left")
         .withColumns(
             {
                 "topic": F.coalesce("topic_name", "topic"),
@@ -165,7 +166,7 @@ def _partition_errors(
             code.isin(*watched)
         )
     )
-    later = results.join(F.broadcast(errors.select(*keys).distinct()), keys, "left_semi")
+    later = results.join(broadcast(errors.select(*keys).distinct()), keys, "left_semi")
     # the retry is the next request, and its broker that of the first such request at that time
     errors = next_time_after(
         errors,
@@ -231,7 +232,7 @@ def reaction_events(
     window_end = exchanges.groupBy("source").agg(
         F.greatest(F.max("request_time"), F.max("response_time")).alias("_window_end")
     )
-    errors = errors.join(F.broadcast(window_end), "source", "left")
+    errors = errors.join(broadcast(window_end), "source", "left")
     if connections is not None:
         errors = errors.join(client_closed(connections), ["source", "client_key"], "left")
     else:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from spark_jobs.common import materialize, ordered
+from spark_jobs.common import broadcast, materialize, ordered
 
 __all__ = ["broker_placement", "cluster_brokers", "latest_partitions", "run", "topic_skew"]
 
@@ -50,9 +50,7 @@ def latest_partitions(exchanges: DataFrame) -> DataFrame:
         .agg(F.max("as_of").alias("as_of"))
     )
     latest_times = latest.select("source", F.col("as_of").alias("response_time")).distinct()
-    parts = listed(
-        responses.join(F.broadcast(latest_times), ["source", "response_time"], "left_semi")
-    ).select(
+    parts = listed(responses.join(broadcast(latest_times), ["source", "response_time"], "left_semi")).select(
         "source",
         F.coalesce(F.col("p.topic"), F.col("p.topic_id")).alias("topic"),
         F.col("p.partition").alias("partition"),

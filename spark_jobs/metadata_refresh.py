@@ -20,6 +20,7 @@ from pyspark.sql import functions as F
 
 from spark_jobs.common import (
     attach_software,
+    broadcast,
     client_key,
     event_time,
     micros_between,
@@ -150,7 +151,7 @@ def stale_windows(exchanges: DataFrame) -> DataFrame:
         .groupBy("source", client_key().alias("client_key"), "topics")
         .agg(F.min(event_time()).alias("ts"))
         .select("source", "client_key", "ts", F.explode("topics").alias("used"))
-        .join(F.broadcast(ids), "used", "left")
+        .join(broadcast(ids), "used", "left")
         .select("source", "client_key", "ts", F.coalesce("named", "used").alias("topic"))
         .groupBy("source", "client_key", "topic")
         .agg(F.min("ts").alias("first_use"))

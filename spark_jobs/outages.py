@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame, Window, WindowSpec
 from pyspark.sql import functions as F
 
-from spark_jobs.common import client_key, materialize, ordered
+from spark_jobs.common import broadcast, client_key, materialize, ordered
 
 __all__ = ["OutageResults", "analyse", "run", "unanswered_requests"]
 
@@ -131,7 +131,7 @@ def _thinned(many: DataFrame, probes: DataFrame, probe_time: str, *aggs: Column)
         .withColumn("_near", F.lit(True))
     )
     tagged = many.withColumn("_b", _bucket(F.col("_t"), _NEAR_US)).join(
-        F.broadcast(held), [*_BROKER, "_b"], "left"
+        broadcast(held), [*_BROKER, "_b"], "left"
     )
     return tagged.groupBy(*_BROKER, "_b", F.when(F.col("_near"), F.col("_t")).alias("_at")).agg(*aggs)
 
@@ -228,7 +228,7 @@ def _silences(
     after the last): ``silence_start`` (its last answer; the data's start when none), ``silence_end``
     (its next answer; the data's end when none), ``last_answer``/``next_answer`` (null when none)."""
     responses = _response_edges(exchanges, min_silence_s, thin).withColumn("_r", F.lit(1))
-    edges = brokers.join(F.broadcast(spans), "source")
+    edges = brokers.join(broadcast(spans), "source")
     edges = edges.select(*_BROKER, F.col("span_start").alias("t"), F.lit(0).alias("_r")).unionByName(
         edges.select(*_BROKER, F.col("span_end").alias("t"), F.lit(2).alias("_r"))
     )
@@ -343,7 +343,7 @@ def _covered(sent: DataFrame, silences: DataFrame) -> DataFrame:
     ).distinct()
     return (
         sent.withColumn("_b", _bucket(F.col("request_time"), _COVER_US))
-        .join(F.broadcast(covered), [*_BROKER, "_b"], "left_semi")
+        .join(broadcast(covered), [*_BROKER, "_b"], "left_semi")
         .drop("_b")
     )
 

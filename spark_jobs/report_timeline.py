@@ -25,6 +25,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from spark_jobs.common import (
+    broadcast,
     client_key,
     client_software,
     error_name,
@@ -116,7 +117,7 @@ def _sources(exchanges: DataFrame, connections: DataFrame, max_buckets: int) -> 
 def _bucketed(df: DataFrame, time_col: str, widths: DataFrame) -> DataFrame:
     us = (F.col("bucket_s") * 1_000_000).cast("long")
     return (
-        df.join(F.broadcast(widths), "source")
+        df.join(broadcast(widths), "source")
         .withColumn("bucket", F.timestamp_micros(F.floor(F.unix_micros(F.col(time_col)) / us) * us))
         .drop(time_col)
     )
@@ -280,7 +281,7 @@ def _on_lanes(counted: DataFrame, lanes: DataFrame) -> DataFrame:
     """Only the rows of lanes the exchanges have (null-safe: a client may have no client id):
     a refused connection's client, a port that never carried Kafka, are no lane."""
     cond = [counted[c].eqNullSafe(lanes[c]) for c in _LANE]
-    return counted.join(F.broadcast(lanes), cond, "left_semi")
+    return counted.join(broadcast(lanes), cond, "left_semi")
 
 
 def _lanes(timeline: DataFrame, exchanges: DataFrame, nodes: DataFrame) -> DataFrame:
@@ -309,10 +310,10 @@ def _lanes(timeline: DataFrame, exchanges: DataFrame, nodes: DataFrame) -> DataF
     )
     # client_software() is keyed on (source, client_id, client_ip); a null client id joins null-safe
     cond = [per_lane[c].eqNullSafe(software[c]) for c in _CLIENT]
-    with_sw = per_lane.join(F.broadcast(software), cond, "left").select(
+    with_sw = per_lane.join(broadcast(software), cond, "left").select(
         per_lane["*"], "client_software_name", "client_software_version"
     )
-    return with_sw.join(F.broadcast(nodes), _BROKER, "left")
+    return with_sw.join(broadcast(nodes), _BROKER, "left")
 
 
 def run(tables, *, max_buckets: int = 600, **_) -> dict[str, DataFrame]:

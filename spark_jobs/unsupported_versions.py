@@ -24,7 +24,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
-from spark_jobs.common import attach_software, client_key, event_time, local_frame, materialize, ordered
+from spark_jobs.common import (
+    attach_software,
+    broadcast,
+    client_key,
+    event_time,
+    local_frame,
+    materialize,
+    ordered,
+)
 from spark_jobs.kafka_versions import API_VERSIONS_KEY, BrokerVersions
 
 __all__ = ["audit_release", "release_table", "run", "unsupported_versions"]
@@ -129,7 +137,7 @@ def _versus_advertised(req: DataFrame, exchanges: DataFrame) -> DataFrame:
         F.col("a.max_version").cast("int").alias("adv_hi"),
     )
     brokers = latest.select(*broker, F.lit(True).alias("has_adv"))
-    joined = req.join(F.broadcast(brokers), broker).join(F.broadcast(ranges), [*broker, "api_key"], "left")
+    joined = req.join(broadcast(brokers), broker).join(broadcast(ranges), [*broker, "api_key"], "left")
     bad = (
         F.col("adv_lo").isNull()
         | (F.col("api_version") < F.col("adv_lo"))
@@ -152,7 +160,7 @@ def _versus_advertised(req: DataFrame, exchanges: DataFrame) -> DataFrame:
 
 def _versus_releases(req: DataFrame, releases: DataFrame) -> DataFrame:
     names = releases.select("release").distinct()
-    joined = req.crossJoin(F.broadcast(names)).join(F.broadcast(releases), ["release", "api_key"], "left")
+    joined = req.crossJoin(broadcast(names)).join(broadcast(releases), ["release", "api_key"], "left")
     inside = (F.col("api_version") >= F.col("rel_min")) & (F.col("api_version") <= F.col("rel_max"))
     advertised = (F.col("api_version") >= F.col("adv_min")) & (F.col("api_version") <= F.col("adv_max"))
     known = F.col("rel_min").isNotNull()
@@ -212,7 +220,7 @@ def _old_broker_signature(exchanges: DataFrame, connections: DataFrame | None, s
         .join(last_response, conn, "left")
         .where(F.col("last_response").isNull() | (F.col("last_response") < F.col("request_time")))
         .join(known_versions, [*broker, "api_key", "api_version"], "left_anti")
-        .join(F.broadcast(live_brokers), broker, "left_semi")
+        .join(broadcast(live_brokers), broker, "left_semi")
     )
     if connections is not None:
         ends = connections.select(*conn, "end_reason", "last_packet_time")
@@ -224,7 +232,7 @@ def _old_broker_signature(exchanges: DataFrame, connections: DataFrame | None, s
     end = seen.groupBy("source").agg(
         F.greatest(F.max("last_response"), F.max("last_time")).alias("window_end")
     )
-    cand = cand.join(F.broadcast(end), "source")
+    cand = cand.join(broadcast(end), "source")
     closed = F.col("end_reason").isin("fin", "rst")
     silent_long = (F.unix_micros("window_end") - F.unix_micros("request_time")) >= int(silence_s * 1e6)
     return (

@@ -4,8 +4,9 @@ A result must not depend on how Spark splits and joins the rows: which attempt `
 first, which of two tied rows ``max_by`` keeps, the order of a map's entries or of rows equal in
 a result's sort columns. The analysis runs twice over one synthetic dataset (the benchmark's: many
 clients, retries, batches sent in one request, errors of several kinds per partition), once as
-``kwire analyze`` runs it and once with 3 shuffle partitions, adaptive execution off and no
-broadcast joins, and every result folder must be the same.
+``kwire analyze`` runs it, once with 3 shuffle partitions, adaptive execution off and no
+broadcast joins, and once as a small dataset's session runs it (plans of one partition, no
+shuffle: ``spark_jobs.session.one_partition``), and every result folder must be the same.
 
 On the code before this test, 12 of 27 results differed on 50k exchanges: 10 in row order only
 (ties in the sort), and two in content (a batch's fetch-checked copy, the order of
@@ -15,6 +16,8 @@ On the code before this test, 12 of 27 results differed on 50k exchanges: 10 in 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -24,6 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 from analyze_scale import synthesize
 from compare_reports import differences, read_results
+
+from spark_jobs.session import ONE_PARTITION_CONF
 
 pytestmark = pytest.mark.spark
 
@@ -35,22 +40,57 @@ OTHER_PLAN = {
 }
 
 
-def test_results_do_not_depend_on_the_plan(spark, tmp_path: Path) -> None:  # noqa: F811
-    from spark_jobs.submit import analyse
+#: a small dataset's session: one-partition plans, no broadcast joins
+ONE_PARTITION = {ONE_PARTITION_CONF: "true", "spark.sql.autoBroadcastJoinThreshold": "-1"}
 
-    synthesize(tmp_path / "ds", 20_000)
-    analyse(spark, tmp_path / "ds", tmp_path / "as-usual")
-    before = {key: spark.conf.get(key, None) for key in OTHER_PLAN}
+
+@contextmanager
+def _settings(spark, settings: dict[str, str]) -> Iterator[None]:  # noqa: F811
+    before = {key: spark.conf.get(key, None) for key in settings}
     try:
-        for key, value in OTHER_PLAN.items():
+        for key, value in settings.items():
             spark.conf.set(key, value)
-        analyse(spark, tmp_path / "ds", tmp_path / "other-plan")
+        yield
     finally:
         for key, value in before.items():
             if value is None:
                 spark.conf.unset(key)
             else:
                 spark.conf.set(key, value)
-    usual, other = read_results(tmp_path / "as-usual"), read_results(tmp_path / "other-plan")
+
+
+def test_results_do_not_depend_on_the_plan(spark, tmp_path: Path) -> None:  # noqa: F811
+    from spark_jobs.submit import analyse
+
+    synthesize(tmp_path / "ds", 20_000)
+    analyse(spark, tmp_path / "ds", tmp_path / "as-usual")
+    with _settings(spark, OTHER_PLAN):
+        analyse(spark, tmp_path / "ds", tmp_path / "other-plan")
+    with _settings(spark, ONE_PARTITION):
+        analyse(spark, tmp_path / "ds", tmp_path / "one-partition")
+    usual = read_results(tmp_path / "as-usual")
     assert len(usual) >= 25 and sum(len(rows) for _, rows in usual.values()) > 10_000
-    assert not differences(usual, other), "\n".join(d[:600] for d in differences(usual, other))
+    for variant in ("other-plan", "one-partition"):
+        other = read_results(tmp_path / variant)
+        assert not differences(usual, other), "\n".join(d[:600] for d in differences(usual, other))
+
+
+def test_one_partition_plans_need_no_shuffle(spark, tmp_path: Path) -> None:  # noqa: F811
+    from pyspark.sql import functions as F
+
+    from spark_jobs.common import broadcast, load_tables, ordered
+
+    synthesize(tmp_path / "ds", 2_000)
+
+    def plan(tables) -> str:
+        counts = tables.exchanges.groupBy("client_id").agg(F.count("*").alias("n"))
+        joined = tables.exchanges.join(broadcast(counts), "client_id")
+        return ordered(joined, "request_time")._jdf.queryExecution().executedPlan().toString()
+
+    with _settings(spark, ONE_PARTITION):
+        tables = load_tables(spark, tmp_path / "ds")
+        assert tables.exchanges.rdd.getNumPartitions() == 1
+        one = plan(tables)
+    usual = plan(load_tables(spark, tmp_path / "ds"))
+    assert "Exchange" not in one and "Broadcast" not in one, one
+    assert "Exchange" in usual and "Broadcast" in usual, usual  # the test's plan does shuffle elsewhere
