@@ -52,7 +52,7 @@ _SMALL_SQL_CONF = {
     # Plans of one partition (ONE_PARTITION_CONF): the tables are read as one partition that
     # Spark knows is the only one, so aggregates, windows, sorts and sort-merge joins on them
     # need no shuffle; a broadcast join would still be a Spark job of its own for its small
-    # side, so there are none. On the demo dataset: 125 Spark jobs and 311 stages -> 52 and 134.
+    # side, so there are none. On the demo dataset: 125 Spark jobs and 311 stages -> 52 and 108.
     ONE_PARTITION_CONF: "true",
     "spark.sql.autoBroadcastJoinThreshold": "-1",
 }
