@@ -262,13 +262,13 @@ def serve(
     ``kwire analyze``). The JVM's log goes to DATASET/.kwire-sql-server.log."""
     if _accepts(host, port, 0.5):
         raise _fail(f"{host}:{port} is already in use (another server? choose --port)")
-    from spark_jobs.session import dataset_bytes, small_data, small_data_sql_conf
+    from spark_jobs.session import dataset_bytes, small_data_sql_conf
 
     log = dataset / ".kwire-sql-server.log"
     warehouse = tempfile.mkdtemp(prefix="kwire-sql-warehouse-")
     # A long-lived JVM keeps the full JIT (it earns it back); small data gets the small-data SQL
     # settings, which cut a query's planning and code generation.
-    sql_conf = small_data_sql_conf() if small_data(dataset_bytes(dataset)) else {}
+    sql_conf = small_data_sql_conf(dataset_bytes(dataset))
     spark = _start_session(
         master,
         "kwire-sql-server",

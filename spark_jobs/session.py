@@ -18,8 +18,11 @@ from spark_jobs.class_archive import archive_options, note_driver_pid
 
 __all__ = [
     "SMALL_DATA_BYTES",
+    "TINY_DATA_BYTES",
     "build_session",
+    "data_profile",
     "dataset_bytes",
+    "inputs_in_memory",
     "is_local_master",
     "small_data",
     "small_data_sql_conf",
@@ -27,27 +30,33 @@ __all__ = [
 
 _LOG4J = Path(__file__).with_name("log4j2.properties")
 
-#: A local dataset up to this many bytes of Parquet is "small" (about 100k exchanges take a few
-#: MB): its run is dominated by fixed costs (JVM warm-up, query planning, code generation), not
-#: by rows, and gets the small-data settings below.
+#: A local dataset up to this many bytes of Parquet is "small" (about 1M exchanges): its run is
+#: dominated by fixed costs (JVM warm-up, query planning, Spark jobs), not by rows, and gets the
+#: small-data settings below.
 SMALL_DATA_BYTES = 64 << 20
+#: A small dataset up to this many bytes of Parquet is "tiny" (up to some 40k exchanges; the demo
+#: capture's is 60 kB): its rows cost less to interpret than to compile code for, and it gets
+#: the tiny-data settings on top of the small-data ones. Measured on synthetic datasets
+#: (``bench/analyze_scale.synthesize``), ``kwire analyze`` with code generation against without:
+#: 10k exchanges (0.9 MB) 23.4 s against 17.8 s; 30k (2.5 MB) 27.7 against 25.5 s; 100k (7.4 MB)
+#: 34.4 against 48.4 s.
+TINY_DATA_BYTES = 4 << 20
 
 #: Set to "true" on a session whose plans are one partition (small data): see
 #: :func:`one_partition`. Spark itself does not read it; ``spark.conf.set`` takes it at any time.
 ONE_PARTITION_CONF = "spark.kwire.onePartition"
+#: Set to "true" on a session whose analysis first keeps the input tables in memory (tiny data):
+#: see :func:`inputs_in_memory`.
+INPUTS_IN_MEMORY_CONF = "spark.kwire.inputsInMemory"
 
 #: Small data: one shuffle partition (a few thousand rows fit one task); no adaptive execution
-#: (it re-plans after every shuffle, one more Spark job each); no code generation (compiling a
-#: Java class per stage and expression costs more CPU than interpreting a few rows). These are
-#: the settings the job tests run every job with (tests/spark_fixtures.py). The plan each action
-#: describes for the SQL UI and listeners is the one-line-per-operator form: Spark's default
-#: ("formatted", every operator's expressions) was 22% of the driver thread's CPU samples (JFR)
-#: in a demo-dataset analysis, whose UI is off.
+#: (it re-plans after every shuffle, one more Spark job each). The plan each action describes for
+#: the SQL UI and listeners is the one-line-per-operator form: Spark's default ("formatted",
+#: every operator's expressions) was 22% of the driver thread's CPU samples (JFR) in a
+#: demo-dataset analysis, whose UI is off.
 _SMALL_SQL_CONF = {
     "spark.sql.shuffle.partitions": "1",
     "spark.sql.adaptive.enabled": "false",
-    "spark.sql.codegen.wholeStage": "false",
-    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
     "spark.sql.ui.explainMode": "simple",
     # Plans of one partition (ONE_PARTITION_CONF): the tables are read as one partition that
     # Spark knows is the only one, so aggregates, windows, sorts and sort-merge joins on them
@@ -56,9 +65,22 @@ _SMALL_SQL_CONF = {
     ONE_PARTITION_CONF: "true",
     "spark.sql.autoBroadcastJoinThreshold": "-1",
 }
+#: Tiny data, on top of the small-data settings: no code generation (compiling a Java class per
+#: stage and expression costs more CPU than interpreting a few rows), and the input tables kept
+#: in memory once rather than read from Parquet by every job (the demo dataset's analysis: 9.3
+#: and 8.7 s against 9.9 and 9.5 s; 100k exchanges, interpreted: 45-46 s against 40 s, so only
+#: here). These are the settings the job tests run every job with (tests/spark_fixtures.py).
+_TINY_SQL_CONF = {
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+    INPUTS_IN_MEMORY_CONF: "true",
+}
 #: Small data: the JIT's first tier only (C2 compiles Spark's planner for seconds of CPU that a
-#: short run never earns back) and the serial collector (a heap of a few hundred MB).
-_SMALL_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+#: short run never earns back) and the serial collector (a heap of a few hundred MB). The code
+#: cache is the size tiered compilation would have (240 MB; the first tier alone gets 48 MB): with
+#: generated code, 100k exchanges filled 48 MB, and the JVM then stopped compiling (40.0 s
+#: against 34.4 s).
+_SMALL_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:ReservedCodeCacheSize=240m"
 #: Small data, local master: 1 MB memory pages for sorts and hash aggregates. Spark sizes them
 #: from the heap (64 MB for a 4 GB driver), and every sorting or aggregating task allocated and
 #: zeroed at least one: analysing the demo dataset, the driver's heap held 0.9-1.6 GB after its
@@ -86,19 +108,38 @@ def dataset_bytes(dataset: str | Path) -> int | None:
     return sum(p.stat().st_size for p in root.rglob("*.parquet") if p.is_file()) if root.is_dir() else 0
 
 
-def small_data(data_bytes: int | None) -> bool:
-    """Whether a local run over ``data_bytes`` of Parquet gets the small-data settings.
-    ``$KWIRE_SPARK_PROFILE`` = ``small`` or ``large`` overrides the size rule (``auto``)."""
+def data_profile(data_bytes: int | None) -> str:
+    """``tiny``, ``small`` or ``large``: which settings a local run over ``data_bytes`` of Parquet
+    gets (:data:`TINY_DATA_BYTES`, :data:`SMALL_DATA_BYTES`; None, a cluster path, is large).
+    ``$KWIRE_SPARK_PROFILE`` = ``tiny``, ``small`` or ``large`` overrides the size rule (``auto``)."""
     forced = os.environ.get("KWIRE_SPARK_PROFILE", "auto").lower()
-    if forced in ("small", "large"):
-        return forced == "small"
-    return data_bytes is not None and data_bytes <= SMALL_DATA_BYTES
+    if forced in ("tiny", "small", "large"):
+        return forced
+    if data_bytes is None or data_bytes > SMALL_DATA_BYTES:
+        return "large"
+    return "tiny" if data_bytes <= TINY_DATA_BYTES else "small"
 
 
-def small_data_sql_conf() -> dict[str, str]:
-    """The Spark SQL settings of a small-data run (a long-lived session may want these without
-    the JVM options, which suit short runs)."""
-    return dict(_SMALL_SQL_CONF)
+def small_data(data_bytes: int | None) -> bool:
+    """Whether a local run over ``data_bytes`` of Parquet gets the small-data settings (tiny
+    data gets them too): :func:`data_profile` is not ``large``."""
+    return data_profile(data_bytes) != "large"
+
+
+def small_data_sql_conf(data_bytes: int | None = 0) -> dict[str, str]:
+    """The Spark SQL settings of a small-data run over ``data_bytes`` (with the tiny-data ones
+    when it is tiny; the default, 0, is); empty for large data. A long-lived session may want
+    these without the JVM options, which suit short runs."""
+    profile = data_profile(data_bytes)
+    if profile == "large":
+        return {}
+    return {**_SMALL_SQL_CONF, **(_TINY_SQL_CONF if profile == "tiny" else {})}
+
+
+def inputs_in_memory(spark: SparkSession) -> bool:
+    """Whether ``spark``'s analysis keeps the input tables in memory first
+    (``INPUTS_IN_MEMORY_CONF``, tiny data): ``submit.analyse`` does."""
+    return spark.conf.get(INPUTS_IN_MEMORY_CONF, "false") == "true"
 
 
 def build_session(
@@ -156,7 +197,7 @@ def build_session(
             conf["spark.driver.extraJavaOptions"] = (
                 f"-Dlog4j2.configurationFile={_LOG4J.as_uri()} {_SMALL_JVM_OPTIONS}"
             )
-            conf.update(_SMALL_SQL_CONF)
+            conf.update(small_data_sql_conf(data_bytes))
             conf.update(_SMALL_CORE_CONF)
             if shuffle_partitions:
                 conf["spark.sql.shuffle.partitions"] = str(shuffle_partitions)
@@ -185,16 +226,17 @@ def build_session(
             - set(extra_conf or {})
             - ({"spark.sql.shuffle.partitions"} if shuffle_partitions else set())
         )
-        _small_sql_on_cluster(spark, ours=mine)
+        _small_sql_on_cluster(spark, small_data_sql_conf(data_bytes), ours=mine)
     return spark
 
 
-def _small_sql_on_cluster(spark: SparkSession, ours: set[str]) -> None:
+def _small_sql_on_cluster(spark: SparkSession, wanted: dict[str, str], ours: set[str]) -> None:
     """Small data on a cluster (``spark-submit --master spark://...``): the same SQL settings
-    as a local small run, set on the running session, except those the submit command set.
+    as a local small run (``wanted``), set on the running session, except those the submit
+    command set.
     On a two-worker loopback cluster, the default 200 shuffle partitions took the analysis of
     73 exchanges past 10 minutes. ``ours``: keys this module set (not the user's)."""
     given = spark.sparkContext.getConf()
-    for key, value in _SMALL_SQL_CONF.items():
+    for key, value in wanted.items():
         if key in ours or not given.contains(key):
             spark.conf.set(key, value)

@@ -14,6 +14,9 @@ executors need no Python packages.
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shutil
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,13 +25,16 @@ from pathlib import Path
 if __package__ in (None, ""):  # spark-submit runs this file as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
-from spark_jobs.common import Tables, combine_runs, load_tables
+from spark_jobs.common import Tables, combine_runs, load_tables, materialize
 from spark_jobs.jobs import JOBS, parse_job_list, run_jobs
 from spark_jobs.kafka_versions import BrokerVersions, load_broker_versions
-from spark_jobs.session import build_session, dataset_bytes, small_data
+from spark_jobs.session import build_session, dataset_bytes, inputs_in_memory, one_partition, small_data
 
 __all__ = ["analyse", "main", "only_sources", "write_results"]
 
@@ -41,15 +47,59 @@ def only_sources(tables: Tables, sources: list[str]) -> Tables:
 
 def write_results(results: dict[str, DataFrame], out: str | Path, *, log=None) -> dict[str, float]:
     """Write each result to ``out/<name>/`` (one Parquet file each; results are small).
-    Returns seconds spent per result."""
+    Returns seconds spent per result.
+
+    A small-data session (:func:`one_partition`) writing to a local folder collects each result
+    as Arrow and writes its file with pyarrow: a Spark write is a Spark job plus Hadoop's commit
+    protocol (temporary folders, renames, ``_SUCCESS``, a checksum file per file), and without
+    Hadoop's native library every file and folder it creates is a forked ``chmod``: 233 of them
+    in the demo dataset's analysis. A one-row Spark write took 60-85 ms in a warm session, a
+    collect 20 ms. Large data and cluster paths keep Spark's writer (a result may then be too
+    big for the driver)."""
     timings = {}
+    first = next(iter(results.values()), None)
+    local_small = first is not None and "://" not in str(out) and one_partition(first.sparkSession)
     for name, df in results.items():
         start = time.perf_counter()
-        df.coalesce(1).write.mode("overwrite").parquet(f"{str(out).rstrip('/')}/{name}")
+        if local_small:
+            write_arrow(collect_arrow(df), Path(out) / name)
+        else:
+            df.coalesce(1).write.mode("overwrite").parquet(f"{str(out).rstrip('/')}/{name}")
         timings[name] = time.perf_counter() - start
         if log:
             log(f"{name}: {timings[name]:.1f}s")
     return timings
+
+
+def collect_arrow(df: DataFrame) -> pa.Table:
+    """``df``'s rows as an Arrow table with the schema Spark's writer would give its file: the
+    nullability of the planned columns (``toArrow`` keeps the declared one, and the optimiser
+    proves some columns never null), and the metadata with which Spark reads its own files back
+    with their exact types."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    planned = df._jdf.queryExecution().executedPlan().schema().json()
+    schema = to_arrow_schema(StructType.fromJson(json.loads(planned)), timezone="UTC")
+    spark_metadata = {
+        "org.apache.spark.version": df.sparkSession.version,
+        "org.apache.spark.sql.parquet.row.metadata": planned,
+    }
+    return df.toArrow().cast(schema).replace_schema_metadata(spark_metadata)
+
+
+def write_arrow(table: pa.Table, folder: Path) -> None:
+    """``table`` as the one Parquet file of ``folder``, replacing what was there (as Spark's
+    ``mode("overwrite")``): written beside it first, so a failed write leaves no half file."""
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    tmp = folder / ".part-00000.parquet.tmp"
+    # As Spark's files: Spark's metadata and no Arrow schema (which pyarrow would read back
+    # instead of the Parquet types; without it both files read back the same)
+    with pq.ParquetWriter(tmp, table.schema, compression="snappy", store_schema=False) as writer:
+        writer.write_table(table)
+        writer.add_key_value_metadata(table.schema.metadata or {})
+    os.replace(tmp, folder / "part-00000.parquet")
 
 
 def analyse(
@@ -76,12 +126,15 @@ def analyse(
     ``sources``: analyse only these runs (``source`` values) of the dataset.
     """
     # Each job scans the Parquet for its own columns: caching the whole table in memory first
-    # was measured slower (decoding every column into the cache costs more than the scans).
+    # was measured slower (decoding every column into the cache costs more than the scans),
+    # except on tiny data (``session.inputs_in_memory``), where the scans' fixed costs win.
     tables = load_tables(spark, dataset)
     if sources:
         tables = only_sources(tables, sources)
     if combined:
         tables = combine_runs(tables)
+    if inputs_in_memory(spark):
+        tables = Tables(materialize(tables.exchanges), materialize(tables.connections))
     context = {
         "spark": spark,
         "versions": versions,

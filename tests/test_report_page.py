@@ -249,7 +249,8 @@ def _charts(html: str) -> dict:
 
 
 def _datasets(spec: dict) -> list[list[dict]]:
-    found = []
+    """Every list of rows in a chart spec: named (top-level ``datasets``) or inline (``values``)."""
+    found = list(spec.get("datasets", {}).values())
 
     def walk(node):
         if isinstance(node, dict):
@@ -293,6 +294,44 @@ def test_metadata_chart_keeps_sub_second_intervals_and_the_client_that_never_ask
     app = next(r for r in rows if r.get("client") == "app @10.0.0.2" and "p50_text" in r)
     assert app["p50_text"] == "0.1 s" and app["max_text"] == "3.0 s"
     assert any(r.get("client") == "quiet" and "never asked" in r.get("note", "") for r in rows)
+
+
+def _inlined(node, datasets: dict):
+    """``node`` with each named data reference replaced by its rows, inline."""
+    if isinstance(node, dict):
+        if set(node) == {"name"} and node["name"] in datasets:
+            return {"values": datasets[node["name"]]}
+        return {k: _inlined(v, datasets) for k, v in node.items() if k != "datasets"}
+    if isinstance(node, list):
+        return [_inlined(v, datasets) for v in node]
+    return node
+
+
+def _unnumbered(text: str) -> str:
+    """Altair's view names and the renderer's clip ids count up from one chart to the next."""
+    return re.sub(r"view_[0-9a-f]+_\d+", "view", re.sub(r"clip\d+", "clip", text))
+
+
+def test_charts_carry_their_rows_by_name_and_draw_as_with_rows_inline(monkeypatch):
+    """The rows stay out of Altair (``report_charts._Datasets``): each layer names its rows and
+    the spec holds them in ``datasets``. The spec with those rows put back inline is the spec
+    Altair makes from inline rows, and Vega-Lite draws both the same (vl-convert, SVG)."""
+    import vl_convert as vlc
+
+    from spark_jobs import report_charts
+
+    res = results()
+    named = build_page(res, build_findings(res), dataset="ds").charts
+    monkeypatch.setattr(report_charts._Datasets, "INLINE", True)
+    inline = build_page(res, build_findings(res), dataset="ds").charts
+    assert set(named) == set(inline) == {"timeline-0", "timeline-1", "sources-chart", "metadata-chart"}
+    for name, spec in named.items():
+        assert spec["datasets"] and "datasets" not in inline[name], name
+        assert "values" not in json.dumps({k: v for k, v in spec.items() if k != "datasets"}), name
+        put_back = _inlined(spec, spec["datasets"])
+        assert _unnumbered(json.dumps(put_back)) == _unnumbered(json.dumps(inline[name])), name
+        drawn = vlc.vegalite_to_svg(spec)
+        assert "<svg" in drawn and _unnumbered(drawn) == _unnumbered(vlc.vegalite_to_svg(inline[name])), name
 
 
 def test_tables_are_aggregated_and_labelled():

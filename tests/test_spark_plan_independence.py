@@ -2,11 +2,13 @@
 
 A result must not depend on how Spark splits and joins the rows: which attempt ``first()`` reads
 first, which of two tied rows ``max_by`` keeps, the order of a map's entries or of rows equal in
-a result's sort columns. The analysis runs twice over one synthetic dataset (the benchmark's: many
+a result's sort columns. The analysis runs three times over one synthetic dataset (the benchmark's: many
 clients, retries, batches sent in one request, errors of several kinds per partition), once as
 ``kwire analyze`` runs it, once with 3 shuffle partitions, adaptive execution off and no
-broadcast joins, and once as a small dataset's session runs it (plans of one partition, no
-shuffle: ``spark_jobs.session.one_partition``), and every result folder must be the same.
+broadcast joins, and once as a tiny dataset's session runs it (plans of one partition, no
+shuffle: ``spark_jobs.session.one_partition``; the input tables kept in memory first; results
+written with pyarrow), and every result folder must be the same, schemas and Spark's file
+metadata included.
 
 On the code before this test, 12 of 27 results differed on 50k exchanges: 10 in row order only
 (ties in the sort), and two in content (a batch's fetch-checked copy, the order of
@@ -28,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from analyze_scale import synthesize
 from compare_reports import differences, read_results
 
-from spark_jobs.session import ONE_PARTITION_CONF
+from spark_jobs.session import INPUTS_IN_MEMORY_CONF, ONE_PARTITION_CONF
 
 pytestmark = pytest.mark.spark
 
@@ -40,8 +42,12 @@ OTHER_PLAN = {
 }
 
 
-#: a small dataset's session: one-partition plans, no broadcast joins
-ONE_PARTITION = {ONE_PARTITION_CONF: "true", "spark.sql.autoBroadcastJoinThreshold": "-1"}
+#: a tiny dataset's session: one-partition plans, no broadcast joins, inputs kept in memory
+ONE_PARTITION = {
+    ONE_PARTITION_CONF: "true",
+    "spark.sql.autoBroadcastJoinThreshold": "-1",
+    INPUTS_IN_MEMORY_CONF: "true",
+}
 
 
 @contextmanager

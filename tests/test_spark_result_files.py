@@ -1,0 +1,171 @@
+"""Result files: a small-data session writes each result with pyarrow (``submit.write_results``),
+and the file must be the one Spark's writer makes: the same rows in the same order, the same
+Parquet schema (nullability included) and the same Spark metadata, read back the same by pyarrow
+and by Spark. Also the size tiers that choose a session's settings (``session.data_profile``)."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from spark_fixtures import spark  # noqa: F401
+
+from spark_jobs import session
+from spark_jobs.session import (
+    INPUTS_IN_MEMORY_CONF,
+    ONE_PARTITION_CONF,
+    SMALL_DATA_BYTES,
+    TINY_DATA_BYTES,
+    data_profile,
+    small_data,
+    small_data_sql_conf,
+)
+
+
+@contextmanager
+def _one_partition(spark, on: bool):  # noqa: F811
+    before = spark.conf.get(ONE_PARTITION_CONF, None)
+    spark.conf.set(ONE_PARTITION_CONF, "true" if on else "false")
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(ONE_PARTITION_CONF)
+        else:
+            spark.conf.set(ONE_PARTITION_CONF, before)
+
+
+def _results(spark):  # noqa: F811
+    """Results of the shapes the jobs write: nested lists of structs, maps, timestamps, columns
+    the optimiser proves never null (count, coalesce, a filtered column), empty results."""
+    from pyspark.sql import functions as F
+
+    rows = spark.createDataFrame(
+        [
+            ("c1", "Produce", 3, "2026-11-29 10:00:00.123456", None),
+            ("c1", "Fetch", None, "2026-11-29 10:00:01", "NOT_LEADER_OR_FOLLOWER"),
+            ("c2", "Produce", 7, "2026-11-29 10:00:02", "KAFKA_STORAGE_ERROR"),
+            ("c2", None, 1, "2026-11-29 10:00:03", None),
+        ],
+        "client string, api string, n int, t string, err string",
+    ).withColumn("t", F.to_timestamp("t"))
+    per_client = rows.groupBy("client").agg(
+        F.count("*").alias("exchanges"),
+        F.max("t").alias("last"),
+        F.collect_list(F.struct("api", "n", "t")).alias("examples"),
+        F.map_from_entries(F.collect_list(F.struct(F.coalesce("api", F.lit("?")), F.col("n")))).alias(
+            "by_api"
+        ),
+        F.sort_array(F.collect_set(F.coalesce("err", F.lit("NONE")))).alias("errors"),
+    )
+    failed = rows.where(F.col("err").isNotNull()).groupBy("client").agg(F.count("*").alias("failed"))
+    # fillna after a left join: declared nullable, proved never null by the optimiser
+    per_client = per_client.join(failed, "client", "left").fillna(0, subset=["failed"])
+    return {
+        "per_client": per_client.orderBy("client"),
+        "errors_only": rows.where(F.col("err").isNotNull()).select("client", "err", "t").orderBy("t"),
+        "nothing": rows.where(F.lit(False)).select("client", F.col("n").cast("byte").alias("small")),
+        "widths": rows.select(F.col("n").cast("short").alias("s"), F.col("n").cast("long").alias("l"), "t"),
+    }
+
+
+@pytest.mark.spark
+def test_arrow_written_results_are_the_files_spark_writes(spark, tmp_path: Path) -> None:  # noqa: F811
+    from spark_jobs.submit import write_results
+
+    with _one_partition(spark, False):
+        write_results(_results(spark), tmp_path / "spark")
+    with _one_partition(spark, True):
+        write_results(_results(spark), tmp_path / "arrow")
+    arrow_files = sorted((tmp_path / "arrow").rglob("*.parquet"))
+    assert [p.relative_to(tmp_path / "arrow").as_posix() for p in arrow_files] == [
+        f"{name}/part-00000.parquet" for name in ("errors_only", "nothing", "per_client", "widths")
+    ]
+    assert not list((tmp_path / "arrow").rglob(".*")), "no temporary or checksum file is left"
+    compared = 0
+    for name in ("per_client", "errors_only", "nothing", "widths"):
+        (spark_file,) = (tmp_path / "spark" / name).glob("*.parquet")
+        ours = pq.ParquetFile(tmp_path / "arrow" / name / "part-00000.parquet")
+        theirs = pq.ParquetFile(spark_file)
+        assert ours.metadata.metadata == theirs.metadata.metadata, name  # Spark's keys, no Arrow schema
+        assert ours.schema_arrow == theirs.schema_arrow, name
+        assert ours.read().to_pylist() == theirs.read().to_pylist(), name
+        back_ours = spark.read.parquet(str(tmp_path / "arrow" / name))
+        back_theirs = spark.read.parquet(str(tmp_path / "spark" / name))
+        assert back_ours.schema == back_theirs.schema, name
+        assert back_ours.collect() == back_theirs.collect(), name
+        compared += 1
+    assert compared == 4
+    per_client = pq.read_table(tmp_path / "arrow" / "per_client")
+    assert not per_client.schema.field("failed").nullable  # proved by the plan, not declared
+    assert _results(spark)["per_client"].schema["failed"].nullable
+    assert per_client.num_rows == 2 and pq.read_table(tmp_path / "arrow" / "nothing").num_rows == 0
+
+
+@pytest.mark.spark
+def test_an_arrow_write_replaces_the_result_it_finds(spark, tmp_path: Path) -> None:  # noqa: F811
+    from spark_jobs.submit import write_results
+
+    old = tmp_path / "out" / "per_client"
+    old.mkdir(parents=True)
+    (old / "part-00000-old.snappy.parquet").write_bytes(b"left by an earlier run")
+    (old / "_SUCCESS").write_bytes(b"")
+    with _one_partition(spark, True):
+        write_results({"per_client": _results(spark)["per_client"]}, tmp_path / "out")
+    assert sorted(p.name for p in old.iterdir()) == ["part-00000.parquet"]
+
+
+def test_size_tiers(monkeypatch) -> None:
+    monkeypatch.delenv("KWIRE_SPARK_PROFILE", raising=False)
+    assert data_profile(0) == "tiny" and data_profile(TINY_DATA_BYTES) == "tiny"
+    assert data_profile(TINY_DATA_BYTES + 1) == "small" and data_profile(SMALL_DATA_BYTES) == "small"
+    assert data_profile(SMALL_DATA_BYTES + 1) == "large" and data_profile(None) == "large"
+    assert small_data(TINY_DATA_BYTES) and small_data(SMALL_DATA_BYTES) and not small_data(None)
+    tiny, small = small_data_sql_conf(1), small_data_sql_conf(TINY_DATA_BYTES + 1)
+    assert small_data_sql_conf(None) == {}
+    for conf in (tiny, small):  # both run plans of one partition without adaptive re-planning
+        assert conf[ONE_PARTITION_CONF] == "true" and conf["spark.sql.adaptive.enabled"] == "false"
+    # tiny data interprets its rows and keeps its inputs in memory; small data compiles code
+    assert tiny["spark.sql.codegen.wholeStage"] == "false" and tiny[INPUTS_IN_MEMORY_CONF] == "true"
+    assert "spark.sql.codegen.wholeStage" not in small and INPUTS_IN_MEMORY_CONF not in small
+    monkeypatch.setenv("KWIRE_SPARK_PROFILE", "small")
+    assert data_profile(1) == "small" and data_profile(None) == "small"
+    monkeypatch.setenv("KWIRE_SPARK_PROFILE", "LARGE")
+    assert data_profile(1) == "large" and small_data_sql_conf(1) == {}
+    monkeypatch.setenv("KWIRE_SPARK_PROFILE", "tiny")
+    assert small_data_sql_conf(None) == tiny
+
+
+@pytest.mark.parametrize("profile", ["tiny", "small"])
+def test_a_small_session_gets_its_tier(monkeypatch, profile: str) -> None:
+    """The settings ``build_session`` gives a local session (without starting one: the test
+    session's JVM is already running, and ``build_session`` would return it)."""
+    captured: dict[str, str] = {}
+
+    class Builder:
+        def appName(self, _):
+            return self
+
+        def master(self, _):
+            return self
+
+        def config(self, key, value):
+            captured[key] = value
+            return self
+
+        def getOrCreate(self):
+            raise RuntimeError("stop here")
+
+    monkeypatch.setenv("KWIRE_SPARK_PROFILE", profile)
+    monkeypatch.setattr(session.SparkSession, "getActiveSession", staticmethod(lambda: None))
+    monkeypatch.setattr(session.SparkSession, "builder", Builder())
+    monkeypatch.setattr(session, "archive_options", lambda: ("", None))
+    with pytest.raises(RuntimeError, match="stop here"):
+        session.build_session("local[2]", data_bytes=1)
+    assert captured[ONE_PARTITION_CONF] == "true"
+    assert "-XX:TieredStopAtLevel=1" in captured["spark.driver.extraJavaOptions"]
+    assert "-XX:ReservedCodeCacheSize=240m" in captured["spark.driver.extraJavaOptions"]
+    assert (captured.get("spark.sql.codegen.wholeStage") == "false") == (profile == "tiny")
+    assert (captured.get(INPUTS_IN_MEMORY_CONF) == "true") == (profile == "tiny")
