@@ -30,10 +30,14 @@ __all__ = [
 
 _LOG4J = Path(__file__).with_name("log4j2.properties")
 
-#: A local dataset up to this many bytes of Parquet is "small" (about 1M exchanges): its run is
-#: dominated by fixed costs (JVM warm-up, query planning, Spark jobs), not by rows, and gets the
-#: small-data settings below.
-SMALL_DATA_BYTES = 64 << 20
+#: A local dataset up to this many bytes of Parquet is "small" (some 450k exchanges): its run is
+#: dominated by fixed costs (JVM warm-up, query planning, Spark jobs) more than by rows, and gets
+#: the small-data settings below. ``kwire analyze`` on synthetic datasets
+#: (``bench/analyze_scale.synthesize``), small-data settings against large-data ones: 300k
+#: exchanges (22 MB) 40.7 s against 50.3 s; 600k (41 MB) 61.6 against 61.1 s; 900k (59 MB)
+#: 84.5-86.0 against 70.2 s (the full JIT's compiled code then earns back its 35-44 s of compiler
+#: CPU). It was 64 MiB, before the small-data runs compiled code (:data:`TINY_DATA_BYTES`).
+SMALL_DATA_BYTES = 32 << 20
 #: A small dataset up to this many bytes of Parquet is "tiny" (up to some 40k exchanges; the demo
 #: capture's is 60 kB): its rows cost less to interpret than to compile code for, and it gets
 #: the tiny-data settings on top of the small-data ones. Measured on synthetic datasets
@@ -45,8 +49,8 @@ TINY_DATA_BYTES = 4 << 20
 #: Set to "true" on a session whose plans are one partition (small data): see
 #: :func:`one_partition`. Spark itself does not read it; ``spark.conf.set`` takes it at any time.
 ONE_PARTITION_CONF = "spark.kwire.onePartition"
-#: Set to "true" on a session whose analysis first keeps the input tables in memory (tiny data):
-#: see :func:`inputs_in_memory`.
+#: Set to "true" on a session whose analysis first keeps the input tables in memory (small
+#: data): see :func:`inputs_in_memory`.
 INPUTS_IN_MEMORY_CONF = "spark.kwire.inputsInMemory"
 
 #: Small data: one shuffle partition (a few thousand rows fit one task); no adaptive execution
@@ -55,6 +59,10 @@ INPUTS_IN_MEMORY_CONF = "spark.kwire.inputsInMemory"
 #: every operator's expressions) was 22% of the driver thread's CPU samples (JFR) in a
 #: demo-dataset analysis, whose UI is off.
 _SMALL_SQL_CONF = {
+    # The input tables kept in memory once, rather than read from Parquet by every job: the demo
+    # dataset's analysis 9.3 and 8.7 s against 9.9 and 9.5 s; 100k exchanges 23.6 and 23.8 s
+    # against 24.5 and 24.5 s; 900k 79.3 against 80.8 s (so it did not hurt past this tier).
+    INPUTS_IN_MEMORY_CONF: "true",
     "spark.sql.shuffle.partitions": "1",
     "spark.sql.adaptive.enabled": "false",
     "spark.sql.ui.explainMode": "simple",
@@ -66,14 +74,11 @@ _SMALL_SQL_CONF = {
     "spark.sql.autoBroadcastJoinThreshold": "-1",
 }
 #: Tiny data, on top of the small-data settings: no code generation (compiling a Java class per
-#: stage and expression costs more CPU than interpreting a few rows), and the input tables kept
-#: in memory once rather than read from Parquet by every job (the demo dataset's analysis: 9.3
-#: and 8.7 s against 9.9 and 9.5 s; 100k exchanges, interpreted: 45-46 s against 40 s, so only
-#: here). These are the settings the job tests run every job with (tests/spark_fixtures.py).
+#: stage and expression costs more CPU than interpreting a few rows). These are the settings the
+#: job tests run every job with (tests/spark_fixtures.py).
 _TINY_SQL_CONF = {
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
-    INPUTS_IN_MEMORY_CONF: "true",
 }
 #: Small data: the JIT's first tier only (C2 compiles Spark's planner for seconds of CPU that a
 #: short run never earns back) and the serial collector (a heap of a few hundred MB). The code
@@ -138,7 +143,7 @@ def small_data_sql_conf(data_bytes: int | None = 0) -> dict[str, str]:
 
 def inputs_in_memory(spark: SparkSession) -> bool:
     """Whether ``spark``'s analysis keeps the input tables in memory first
-    (``INPUTS_IN_MEMORY_CONF``, tiny data): ``submit.analyse`` does."""
+    (``INPUTS_IN_MEMORY_CONF``, small data): ``submit.analyse`` does."""
     return spark.conf.get(INPUTS_IN_MEMORY_CONF, "false") == "true"
 
 

@@ -127,7 +127,7 @@ def analyse(
     """
     # Each job scans the Parquet for its own columns: caching the whole table in memory first
     # was measured slower (decoding every column into the cache costs more than the scans),
-    # except on tiny data (``session.inputs_in_memory``), where the scans' fixed costs win.
+    # except on small data (``session.inputs_in_memory``), where the scans' fixed costs win.
     tables = load_tables(spark, dataset)
     if sources:
         tables = only_sources(tables, sources)

@@ -5,7 +5,7 @@ first, which of two tied rows ``max_by`` keeps, the order of a map's entries or 
 a result's sort columns. The analysis runs three times over one synthetic dataset (the benchmark's: many
 clients, retries, batches sent in one request, errors of several kinds per partition), once as
 ``kwire analyze`` runs it, once with 3 shuffle partitions, adaptive execution off and no
-broadcast joins, and once as a tiny dataset's session runs it (plans of one partition, no
+broadcast joins, and once as a small dataset's session runs it (plans of one partition, no
 shuffle: ``spark_jobs.session.one_partition``; the input tables kept in memory first; results
 written with pyarrow), and every result folder must be the same, schemas and Spark's file
 metadata included.
@@ -42,7 +42,7 @@ OTHER_PLAN = {
 }
 
 
-#: a tiny dataset's session: one-partition plans, no broadcast joins, inputs kept in memory
+#: a small dataset's session: one-partition plans, no broadcast joins, inputs kept in memory
 ONE_PARTITION = {
     ONE_PARTITION_CONF: "true",
     "spark.sql.autoBroadcastJoinThreshold": "-1",
