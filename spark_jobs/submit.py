@@ -89,7 +89,8 @@ def collect_arrow(df: DataFrame) -> pa.Table:
 
 def write_arrow(table: pa.Table, folder: Path) -> None:
     """``table`` as the one Parquet file of ``folder``, replacing what was there (as Spark's
-    ``mode("overwrite")``): written beside it first, so a failed write leaves no half file."""
+    ``mode("overwrite")``, the old result is removed first). The file is written under a hidden
+    name and then renamed: readers (pyarrow, Spark) skip dot files, so none sees half a file."""
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
