@@ -162,7 +162,7 @@ def profile(path: Path, top: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         profiler = cProfile.Profile()
         profiler.enable()
-        _decode_part([path], Path(tmp), 0, 1, [], 100 << 20, None)
+        _decode_part([path], Path(tmp), 0, 1, [], 100 << 20, None, None)
         profiler.disable()
     pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
 

@@ -589,7 +589,11 @@ def test_jobs_give_the_same_rows(tmp_path: Path) -> None:
     assert comparable(read_table(tmp_path / "three", "connections")) == comparable(
         read_table(tmp_path / "one", "connections")
     )
-    assert len(list((tmp_path / "three" / "exchanges").rglob("*.parquet"))) == 3  # one file per worker
+    files = list((tmp_path / "three" / "exchanges").rglob("*.parquet"))
+    assert len(files) == 3  # one file per worker
+    # the workers share the work (kwire.shards' plan): 77, 77 and 79 exchanges; 17, 95 and 121 by the
+    # assignment rule alone, which met the busy connections while bootstrap ones were still open
+    assert min(pq.ParquetFile(f).metadata.num_rows for f in files) >= 60
     assert "233 exchanges" in result.stdout  # the summary adds up the parts
 
 

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import kwire.shards
-from decoder.pcap import ACK, FIN, SYN, TcpSegment
-from kwire.shards import ConnectionShards, shard_of
+from decoder.pcap import ACK, FIN, SYN, TcpSegment, iter_segments
+from kwire.decode_command import plan_shards
+from kwire.shards import ConnectionShards, ConnectionWeights, plan_parts, shard_of
+
+CAPTURES = Path(__file__).resolve().parent.parent / "captures"
 
 BROKER = 9092
 
@@ -64,3 +69,73 @@ def test_the_table_of_port_pairs_is_bounded(monkeypatch: pytest.MonkeyPatch) -> 
         if port >= 30008:
             assert part == shard_of(port, BROKER, 4)
     assert len(shards._part_of) == 8
+
+
+# ---------------------------------------------------------------------------------------------------------
+# a plan from a first pass over the capture (kwire.shards.plan_parts)
+
+
+def test_the_plan_spreads_the_heaviest_connections_first() -> None:
+    weights = {1: 5, 2: 100, 3: 90, 4: 10, 5: 10, 6: 1}
+    plan = plan_parts(weights, 2)
+    assert plan[2] != plan[3]  # the two busy ones apart
+    loads = [sum(w for key, w in weights.items() if plan[key] == part) for part in (0, 1)]
+    assert loads == [110, 106]  # heaviest first, each to the lighter part (ties: the lower number)
+    # the order of the pass does not matter
+    assert plan_parts(dict(reversed(list(weights.items()))), 2) == plan
+    assert plan_parts({}, 3) == {}
+
+
+def test_a_plan_decides_before_the_rule() -> None:
+    """The bootstrap case of the rule, planned: the producers' parts come from the plan; a pair
+    the plan lacks is placed by the rule, the same way in every worker."""
+    bootstrap, producer_a, producer_b, late = 52286, 52290, 52302, 52310
+    weights = ConnectionWeights()
+    for port, size, count in ((bootstrap, 300, 2), (producer_a, 500, 50), (producer_b, 500, 40)):
+        for _ in range(count):
+            weights.add(_segment(port, True, size))
+    weights.add(_segment(late, True, 0, SYN))  # no payload: no weight, not planned
+    assert len(weights.weights) == 3
+    plan = plan_parts(weights.weights, 2)
+    runs = []
+    for _ in range(2):
+        shards = ConnectionShards(2, plan)
+        parts = [
+            shards.part_of(_segment(port, True, 10)) for port in (bootstrap, producer_a, producer_b, late)
+        ]
+        assert parts[:3] == [plan[BROKER << 16 | port] for port in (bootstrap, producer_a, producer_b)]
+        assert shards.part_of(_segment(producer_a, False, 0, FIN | ACK)) == parts[1]
+        runs.append(parts)
+    assert runs[0] == runs[1]
+    assert runs[0][1] != runs[0][2]
+
+
+def test_the_weights_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kwire.shards, "MAX_TRACKED", 8)
+    weights = ConnectionWeights()
+    for port in range(30000, 30100):
+        weights.add(_segment(port, True, 1))
+    weights.add(_segment(30000, False, 70_000))  # counted: one more unit per 64 KiB
+    assert len(weights.weights) == 8 and weights.weights[BROKER << 16 | 30000] == 3
+
+
+def test_the_plan_balances_a_real_capture() -> None:
+    """tansu-mixed.pcap (four client libraries against Tansu, taken with tcpdump): in two parts the
+    rule left 78% of the segments to one worker, because bootstrap connections were still open
+    when the busy ones started; the plan splits them evenly, and every connection in one part."""
+    capture = CAPTURES / "tansu-mixed.pcap"
+    plan = plan_shards([capture], 2)
+    assert plan is not None and len(plan) == 64
+    for chosen in (plan, None):
+        shards = ConnectionShards(2, chosen)
+        loads, parts_of = [0, 0], {}
+        for segment in iter_segments(capture):
+            part = shards.part_of(segment)
+            parts_of.setdefault(frozenset((segment.src_port, segment.dst_port)), set()).add(part)
+            loads[part] += bool(segment.payload)
+        assert all(len(parts) == 1 for parts in parts_of.values())
+        share = max(loads) / sum(loads)
+        if chosen is None:
+            assert share > 0.75  # what the rule alone does here: the case the plan is for
+        else:
+            assert share < 0.51
