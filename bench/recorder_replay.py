@@ -240,6 +240,9 @@ def replay_worker(settings: dict[str, Any], batches: list[Any], out_dir: Path, p
 
 
 def replay(path: Path, repeat: int, top: int) -> None:
+    from kwire.runtime import tune_gc
+
+    tune_gc()  # as the recorder process runs
     settings, batches = load(path)
     exchanges = _exchanges(batches)
     print(f"{path}: {len(batches)} batches, about {exchanges} exchanges (data items / 2)")

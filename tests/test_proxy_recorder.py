@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import os
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -275,6 +277,31 @@ def test_the_worker_process_runs_only_on_cpu_nobody_else_wants(tmp_path: Path) -
 
     assert asyncio.run(run()) == os.SCHED_IDLE
     assert os.sched_getscheduler(0) != os.SCHED_IDLE  # the proxy's own loop keeps its priority
+
+
+def test_the_worker_process_runs_the_tuned_collector(tmp_path: Path) -> None:
+    """The worker starts with ``python -m``, not through ``kwire.cli``: it tunes CPython's cyclic
+    collector itself (``kwire.runtime.tune_gc``). With the defaults it cost a fifth of its CPU
+    on issue 18's 200-connection load (``bench/recorder_replay.py``)."""
+    code = (
+        "import gc, os, sys\n"
+        "from proxy import recorder_worker as w\n"
+        "settings = {'out_dir': sys.argv[1], 'budget_limit': 1 << 28}\n"
+        "r, s = os.pipe(); back_r, back_w = os.pipe()\n"
+        "os.write(s, w._frame(settings)); os.close(s)\n"
+        "before = gc.get_threshold()\n"
+        "assert w._worker(r, back_w) == 0\n"
+        "print(before, gc.get_threshold(), gc.get_freeze_count() > 1000)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0] == "(700, 10, 10) (100000, 50, 100) True"
 
 
 def test_the_worker_process_bounds_its_queue_with_gaps(tmp_path: Path) -> None:
