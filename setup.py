@@ -1,5 +1,5 @@
 """The compiled parts (decoder/_layoutvm.c, decoder/_pcapscan.c, decoder/_rowvalues.c,
-kwire/_rowarrow.c); everything else is in pyproject.toml.
+decoder/_framecore.c, kwire/_rowarrow.c); everything else is in pyproject.toml.
 
 A build failure fails ``pip install`` (and so ``scripts/bootstrap-venv``) with the compiler's
 message: the extension is not optional.
@@ -24,6 +24,12 @@ setup(
         Extension(
             "decoder._pcapscan",
             ["decoder/_pcapscan.c"],
+            extra_compile_args=["-O2", "-std=c99", "-Wall"],
+            optional=False,
+        ),
+        Extension(
+            "decoder._framecore",
+            ["decoder/_framecore.c"],
             extra_compile_args=["-O2", "-std=c99", "-Wall"],
             optional=False,
         ),

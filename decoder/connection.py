@@ -41,6 +41,7 @@ from collections import OrderedDict, deque
 from typing import Any
 
 from decoder import protocol
+from decoder.compiled import load
 from decoder.events import (
     BROKER_TO_CLIENT,
     CLIENT_TO_BROKER,
@@ -105,6 +106,17 @@ _REQUEST_CANDIDATE = re.compile(
 )
 # Offsets where a response may start: length < 128 MiB and at least 4.
 _RESPONSE_CANDIDATE = re.compile(rb"(?=(?!\x00\x00\x00[\x00-\x03])[\x00-\x07][\x00-\xff]{3})", re.DOTALL)
+
+
+# The common case of _parse_request and _parse_response compiled (decoder/_framecore.c: why, and
+# how it leaves every doubtful frame to the Python below); KWIRE_PURE_PYTHON=1 leaves it out.
+_framecore = load("_framecore", "compiled frame headers")
+if _framecore is not None:
+    _framecore.configure(Request, Response, protocol)
+    _compiled_request = _framecore.parse_request
+    _compiled_response = _framecore.parse_response
+else:
+    _compiled_request = _compiled_response = None
 
 
 def _padded(buf: Any, pos: int, end: int) -> bytes:
@@ -833,6 +845,10 @@ class KafkaConnection:
         self._add_request(request, end_ns)
 
     def _parse_request(self, buf: Any, pos: int, end: int, start_ns: int, end_ns: int) -> Request:
+        if _compiled_request is not None:
+            request = _compiled_request(buf, pos, end, start_ns, end_ns)
+            if request is not None:
+                return request
         _size, api_key, api_version, corr = _REQUEST_HEAD(buf, pos)
         header_version, decoder = protocol.request_plan(api_key, api_version)
         client_id = None
@@ -937,6 +953,10 @@ class KafkaConnection:
     def _parse_response(
         self, request: Request, buf: Any, pos: int, end: int, start_ns: int, end_ns: int
     ) -> Response:
+        if _compiled_response is not None:
+            response = _compiled_response(request, buf, pos, end, start_ns, end_ns)
+            if response is not None:
+                return response
         api_key = request.api_key
         versions = [request.api_version]
         if api_key == _API_VERSIONS and request.api_version != 0:

@@ -106,16 +106,42 @@ def _decoder(direction: str, api_key: int, api_version: int) -> Decoder | None:
     return _compiled[key]
 
 
-_request_plans: dict[tuple[int, int], tuple[int, Decoder | None]] = {}
+#: (header version, body decoder or None) per ``plan_key``, per direction: the hot path's one
+#: look-up (decoder/_framecore.c reads these two dicts too, by name, so replacing them empties both).
+_request_plans: dict[int, tuple[int, Decoder | None]] = {}
+_response_plans: dict[int, tuple[int, Decoder | None]] = {}
+_PLANS_MAX = 65536  # hostile streams may name any (key, version): past this, plans are not kept
+
+
+def plan_key(api_key: int, api_version: int) -> int:
+    """The key of (api key, version) in the plan caches: both as 16-bit fields of one int."""
+    return (api_key & 0xFFFF) << 16 | (api_version & 0xFFFF)
 
 
 def request_plan(api_key: int, api_version: int) -> tuple[int, Decoder | None]:
     """(request header version, body decoder or None) in one cached look-up, for the hot path."""
-    plan = _request_plans.get((api_key, api_version))
+    return _plan(_request_plans, api_key, api_version, request_header_version, request_decoder)
+
+
+def response_plan(api_key: int, api_version: int) -> tuple[int, Decoder | None]:
+    """(response header version, body decoder or None) of a response in ``api_version``'s layout,
+    cached as :func:`request_plan`."""
+    return _plan(_response_plans, api_key, api_version, response_header_version, response_decoder)
+
+
+def _plan(
+    cache: dict[int, tuple[int, Decoder | None]],
+    api_key: int,
+    api_version: int,
+    header_version: Callable[[int, int], int],
+    body_decoder: Callable[[int, int], Decoder | None],
+) -> tuple[int, Decoder | None]:
+    key = plan_key(api_key, api_version)
+    plan = cache.get(key)
     if plan is None:
-        plan = (request_header_version(api_key, api_version), request_decoder(api_key, api_version))
-        if len(_request_plans) < 65536:  # hostile streams may name any (key, version)
-            _request_plans[(api_key, api_version)] = plan
+        plan = (header_version(api_key, api_version), body_decoder(api_key, api_version))
+        if len(cache) < _PLANS_MAX:
+            cache[key] = plan
     return plan
 
 

@@ -81,6 +81,7 @@ def test_every_api_versions_answer_in_the_captures_gives_the_walks_values(
 
     monkeypatch.setattr(protocol, "_decoder", keeping)
     monkeypatch.setattr(protocol, "_request_plans", {})
+    monkeypatch.setattr(protocol, "_response_plans", {})
     captures = sorted([*REPO.glob("captures/*.pcap"), *REPO.glob("captures/lab/**/capture.pcap*")])
     decode_captures(captures, lambda row: None, lambda row: None)
     assert len(seen) >= 20

@@ -70,6 +70,7 @@ class _Recorder:
 def _fresh_tables(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(protocol, "_compiled", {})
     monkeypatch.setattr(protocol, "_request_plans", {})
+    monkeypatch.setattr(protocol, "_response_plans", {})
 
 
 def _rows(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
