@@ -39,8 +39,13 @@ enum { RS_CORRELATION_ID, RS_HEADER_VERSION, RS_SIZE, RS_START_NS, RS_END_NS, RS
 static const char *response_names[RS_N] = {"correlation_id", "header_version", "size", "start_ns", "end_ns",
                                            "status", "fields", "decode_error", "api_version"};
 
-static PyTypeObject *request_type = NULL, *response_type = NULL;
-static Py_ssize_t request_offsets[RQ_N], response_offsets[RS_N];
+static PyTypeObject *request_type = NULL, *response_type = NULL, *request_received = NULL,
+                    *response_received = NULL;
+static Py_ssize_t request_offsets[RQ_N], response_offsets[RS_N], received_offsets[2], answered_offsets[2];
+static const char *received_names[1] = {"request"};
+static const char *answered_names[2] = {"request", "response"};
+static PyObject *a_events, *a_pending, *a_seq, *a_max_pending, *a_frame_limit, *a_watch_client, *a_minimum, *a_raw,
+    *a_frames, *a_append, *a_acks; /* attribute and key names */
 static PyObject *protocol = NULL; /* decoder.protocol */
 static PyObject *status_ok = NULL;
 static PyObject *s_request_plans, *s_response_plans, *s_request_plan, *s_response_plan; /* names */
@@ -69,10 +74,12 @@ static int slot_offsets(PyObject *cls, const char **names, int n, Py_ssize_t *of
 }
 
 static PyObject *configure(PyObject *self, PyObject *args) {
-    PyObject *rq, *rs, *module;
-    if (!PyArg_ParseTuple(args, "OOO", &rq, &rs, &module)) return NULL;
+    PyObject *rq, *rs, *rq_received, *rs_received, *module;
+    if (!PyArg_ParseTuple(args, "OOOOO", &rq, &rs, &rq_received, &rs_received, &module)) return NULL;
     if (slot_offsets(rq, request_names, RQ_N, request_offsets) < 0 ||
-        slot_offsets(rs, response_names, RS_N, response_offsets) < 0)
+        slot_offsets(rs, response_names, RS_N, response_offsets) < 0 ||
+        slot_offsets(rq_received, received_names, 1, received_offsets) < 0 ||
+        slot_offsets(rs_received, answered_names, 2, answered_offsets) < 0)
         return NULL;
     if (status_ok == NULL) {
         status_ok = PyUnicode_InternFromString("ok");
@@ -82,7 +89,17 @@ static PyObject *configure(PyObject *self, PyObject *args) {
         s_response_plan = PyUnicode_InternFromString("response_plan");
         if (!status_ok || !s_request_plans || !s_response_plans || !s_request_plan || !s_response_plan)
             return NULL;
+        const char *names[] = {"_events", "_pending", "_seq", "max_pending", "frame_limit", "_watch_client",
+                               "minimum", "raw", "frames", "append", "acks"};
+        PyObject **slots[] = {&a_events, &a_pending, &a_seq, &a_max_pending, &a_frame_limit, &a_watch_client,
+                              &a_minimum, &a_raw, &a_frames, &a_append, &a_acks};
+        for (int i = 0; i < 11; i++)
+            if ((*slots[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
     }
+    Py_INCREF(rq_received);
+    Py_XSETREF(request_received, (PyTypeObject *)rq_received);
+    Py_INCREF(rs_received);
+    Py_XSETREF(response_received, (PyTypeObject *)rs_received);
     Py_INCREF(rq);
     Py_XSETREF(request_type, (PyTypeObject *)rq);
     Py_INCREF(rs);
@@ -203,30 +220,16 @@ static PyObject *filled(PyTypeObject *type, const Py_ssize_t *offsets, PyObject 
     return obj;
 }
 
-static PyObject *parse_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "parse_request(buf, pos, end, start_ns, end_ns)");
-        return NULL;
-    }
-    if (request_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "configure first");
-        return NULL;
-    }
-    Py_ssize_t pos = PyLong_AsSsize_t(args[1]), end = PyLong_AsSsize_t(args[2]);
-    if ((pos == -1 || end == -1) && PyErr_Occurred()) return NULL;
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
-    const unsigned char *buf = view.buf;
-    PyObject *result = NULL;
-    if (pos < 0 || end > view.len || end - pos < 12) {
-        result = Py_NewRef(Py_None);
-        goto done;
-    }
+/* The Request of the frame buf[pos:end] (bufobj's bytes, n of them), a new reference; Py_None
+   (new) when the Python path is to parse it; NULL with an exception set. */
+static PyObject *request_of(PyObject *bufobj, const unsigned char *buf, Py_ssize_t n, Py_ssize_t pos,
+                            Py_ssize_t end, PyObject *start_ns, PyObject *end_ns) {
+    if (pos < 0 || end > n || end - pos < 12) return Py_NewRef(Py_None);
     long api_key = be16s(buf + pos + 4), api_version = be16s(buf + pos + 6);
     int32_t corr = be32s(buf + pos + 8);
     PyObject *plan = plan_of(s_request_plans, s_request_plan, api_key, api_version);
-    if (plan == NULL) goto done; /* the look-up raised: so would Python's */
-    PyObject *client_id = Py_NewRef(Py_None), *fields = NULL;
+    if (plan == NULL) return NULL; /* the look-up raised: so would Python's */
+    PyObject *result = NULL, *client_id = Py_NewRef(Py_None), *fields = NULL;
     long header_version = PyLong_AsLong(PyTuple_GET_ITEM(plan, 0));
     PyObject *decoder = PyTuple_GET_ITEM(plan, 1);
     Py_ssize_t body = pos + 12, stop = 0;
@@ -244,7 +247,7 @@ static PyObject *parse_request(PyObject *self, PyObject *const *args, Py_ssize_t
         }
     }
     if (header_version >= 2 && (body = skip_tags(buf, body, end)) < 0) goto fallback;
-    fields = decode_body(decoder, args[0], body, end, &stop);
+    fields = decode_body(decoder, bufobj, body, end, &stop);
     if (fields == NULL) {
         if (PyErr_Occurred()) goto failed;
         goto fallback;
@@ -252,18 +255,76 @@ static PyObject *parse_request(PyObject *self, PyObject *const *args, Py_ssize_t
     PyObject *v[RQ_N] = {
         PyLong_FromLong(api_key),       PyLong_FromLong(api_version), PyLong_FromLong(header_version),
         PyLong_FromLong(corr),          client_id,                    PyLong_FromSsize_t(end - pos),
-        Py_NewRef(args[3]),             Py_NewRef(args[4]),           Py_NewRef(status_ok),
+        Py_NewRef(start_ns),            Py_NewRef(end_ns),            Py_NewRef(status_ok),
         fields,                         trailing_note(stop, end),
     };
-    result = filled(request_type, request_offsets, v, RQ_N); /* takes client_id and fields */
     Py_DECREF(plan);
-    goto done;
+    return filled(request_type, request_offsets, v, RQ_N); /* takes client_id and fields */
 fallback:
     result = Py_NewRef(Py_None);
 failed: /* result NULL: an exception is set */
     Py_DECREF(plan);
     Py_XDECREF(client_id);
-done:
+    return result;
+}
+
+/* The Response of the frame buf[pos:end] as the answer to request: as request_of. */
+static PyObject *response_of(PyObject *request, PyObject *bufobj, const unsigned char *buf, Py_ssize_t n,
+                             Py_ssize_t pos, Py_ssize_t end, PyObject *start_ns, PyObject *end_ns) {
+    if (Py_TYPE(request) != request_type || pos < 0 || end > n || end - pos < 8) return Py_NewRef(Py_None);
+    PyObject *key_obj = SLOT(request, request_offsets, RQ_API_KEY);
+    PyObject *version_obj = SLOT(request, request_offsets, RQ_API_VERSION);
+    PyObject *corr_obj = SLOT(request, request_offsets, RQ_CORRELATION_ID);
+    if (key_obj == NULL || version_obj == NULL || corr_obj == NULL) return Py_NewRef(Py_None);
+    long api_key = PyLong_AsLong(key_obj), api_version = PyLong_AsLong(version_obj);
+    if ((api_key == -1 || api_version == -1) && PyErr_Occurred()) return NULL;
+    /* an unsupported ApiVersions version is answered in the v0 layout */
+    long versions[2] = {api_version, 0};
+    int tries = (api_key == API_VERSIONS && api_version != 0) ? 2 : 1;
+    for (int t = 0; t < tries; t++) {
+        PyObject *plan = plan_of(s_response_plans, s_response_plan, api_key, versions[t]);
+        if (plan == NULL) return NULL;
+        long header_version = PyLong_AsLong(PyTuple_GET_ITEM(plan, 0));
+        PyObject *decoder = PyTuple_GET_ITEM(plan, 1);
+        Py_ssize_t body = pos + 8, stop = 0;
+        PyObject *fields = NULL;
+        if (header_version == -1 && PyErr_Occurred()) {
+            Py_DECREF(plan);
+            return NULL;
+        }
+        if (decoder != Py_None && header_version >= 1) body = skip_tags(buf, body, end);
+        if (decoder != Py_None && body >= 0) fields = decode_body(decoder, bufobj, body, end, &stop);
+        Py_DECREF(plan);
+        if (fields == NULL && PyErr_Occurred()) return NULL;
+        if (body < 0) break; /* the header's tagged fields: the Python path decides */
+        if (fields == NULL) continue;
+        PyObject *v[RS_N] = {
+            Py_NewRef(corr_obj),  PyLong_FromLong(header_version), PyLong_FromSsize_t(end - pos),
+            Py_NewRef(start_ns),  Py_NewRef(end_ns),               Py_NewRef(status_ok),
+            fields,               trailing_note(stop, end),        PyLong_FromLong(versions[t]),
+        };
+        return filled(response_type, response_offsets, v, RS_N);
+    }
+    return Py_NewRef(Py_None);
+}
+
+static int configured(void) {
+    if (request_type != NULL) return 1;
+    PyErr_SetString(PyExc_RuntimeError, "configure first");
+    return 0;
+}
+
+static PyObject *parse_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "parse_request(buf, pos, end, start_ns, end_ns)");
+        return NULL;
+    }
+    if (!configured()) return NULL;
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]), end = PyLong_AsSsize_t(args[2]);
+    if ((pos == -1 || end == -1) && PyErr_Occurred()) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *result = request_of(args[0], view.buf, view.len, pos, end, args[3], args[4]);
     PyBuffer_Release(&view);
     return result;
 }
@@ -273,62 +334,192 @@ static PyObject *parse_response(PyObject *self, PyObject *const *args, Py_ssize_
         PyErr_SetString(PyExc_TypeError, "parse_response(request, buf, pos, end, start_ns, end_ns)");
         return NULL;
     }
-    if (response_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "configure first");
-        return NULL;
-    }
-    PyObject *request = args[0];
-    if (Py_TYPE(request) != request_type) Py_RETURN_NONE;
-    PyObject *key_obj = SLOT(request, request_offsets, RQ_API_KEY);
-    PyObject *version_obj = SLOT(request, request_offsets, RQ_API_VERSION);
-    PyObject *corr_obj = SLOT(request, request_offsets, RQ_CORRELATION_ID);
-    if (key_obj == NULL || version_obj == NULL || corr_obj == NULL) Py_RETURN_NONE;
-    long api_key = PyLong_AsLong(key_obj), api_version = PyLong_AsLong(version_obj);
-    if ((api_key == -1 || api_version == -1) && PyErr_Occurred()) return NULL;
+    if (!configured()) return NULL;
     Py_ssize_t pos = PyLong_AsSsize_t(args[2]), end = PyLong_AsSsize_t(args[3]);
     if ((pos == -1 || end == -1) && PyErr_Occurred()) return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0) return NULL;
-    const unsigned char *buf = view.buf;
-    PyObject *result = NULL;
-    if (pos < 0 || end > view.len || end - pos < 8) goto fallback;
-    /* an unsupported ApiVersions version is answered in the v0 layout */
-    long versions[2] = {api_version, 0};
-    int tries = (api_key == API_VERSIONS && api_version != 0) ? 2 : 1;
-    for (int t = 0; t < tries; t++) {
-        PyObject *plan = plan_of(s_response_plans, s_response_plan, api_key, versions[t]);
-        if (plan == NULL) goto done;
-        long header_version = PyLong_AsLong(PyTuple_GET_ITEM(plan, 0));
-        PyObject *decoder = PyTuple_GET_ITEM(plan, 1);
-        Py_ssize_t body = pos + 8, stop = 0;
-        PyObject *fields = NULL;
-        if (header_version == -1 && PyErr_Occurred()) {
-            Py_DECREF(plan);
-            goto done;
-        }
-        if (decoder != Py_None && header_version >= 1) body = skip_tags(buf, body, end);
-        if (decoder != Py_None && body >= 0) fields = decode_body(decoder, args[1], body, end, &stop);
-        Py_DECREF(plan);
-        if (fields == NULL && PyErr_Occurred()) goto done;
-        if (body < 0) goto fallback; /* the header's tagged fields: the Python path decides */
-        if (fields == NULL) continue;
-        PyObject *v[RS_N] = {
-            Py_NewRef(corr_obj),  PyLong_FromLong(header_version), PyLong_FromSsize_t(end - pos),
-            Py_NewRef(args[4]),   Py_NewRef(args[5]),              Py_NewRef(status_ok),
-            fields,               trailing_note(stop, end),        PyLong_FromLong(versions[t]),
-        };
-        result = filled(response_type, response_offsets, v, RS_N);
-        goto done;
-    }
-fallback:
-    result = Py_NewRef(Py_None);
-done:
+    PyObject *result = response_of(args[0], args[1], view.buf, view.len, pos, end, args[4], args[5]);
     PyBuffer_Release(&view);
     return result;
 }
 
+/* getattr(obj, name) as a C long long; *bad set (and the error cleared) when it is not an int. */
+static long long long_attr(PyObject *obj, PyObject *name, int *bad) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    long long x = 0;
+    if (v != NULL && PyLong_Check(v)) x = PyLong_AsLongLong(v);
+    if (v == NULL || !PyLong_Check(v) || (x == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        *bad = 1;
+    }
+    Py_XDECREF(v);
+    return x;
+}
+
+static int truthy_attr(PyObject *obj, PyObject *name) { /* -1: error */
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) return -1;
+    int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t;
+}
+
+/* Does this request expect no answer (Produce with acks=0: Request.expects_response)? -1: error. */
+static int acks0(PyObject *request) {
+    if (PyLong_AsLong(SLOT(request, request_offsets, RQ_API_KEY)) != 0) return 0;
+    PyObject *fields = SLOT(request, request_offsets, RQ_FIELDS);
+    if (!PyDict_Check(fields)) return 1; /* not for this path: the Python path decides */
+    PyObject *acks = PyDict_GetItemWithError(fields, a_acks);
+    if (acks == NULL) return PyErr_Occurred() ? -1 : 0;
+    PyObject *zero = PyLong_FromLong(0);
+    if (zero == NULL) return -1;
+    int eq = PyObject_RichCompareBool(acks, zero, Py_EQ);
+    Py_DECREF(zero);
+    return eq;
+}
+
+/* run_frames(conn, state, direction, data, pos, ts_ns) -> pos: KafkaConnection._frame_chunk's loop for
+   the plain frames of a chunk, from pos while each frame is whole in data and nothing about it needs
+   the connection's Python: a request that parses cleanly here, is no SaslHandshake, expects an answer
+   and reuses no pending correlation id (the pending table not full); a response that answers the
+   oldest pending request, no SaslHandshake, and parses cleanly here. Each is noted as
+   _request_frame/_add_request and _response_frame note it (pending table, sequence number, event,
+   frame count). It stops before the first other frame, for the Python loop to take that one. */
+static PyObject *run_frames(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "run_frames(conn, state, direction, data, pos, ts_ns)");
+        return NULL;
+    }
+    if (!configured()) return NULL;
+    PyObject *conn = args[0], *state = args[1], *data = args[3], *ts = args[5];
+    long direction = PyLong_AsLong(args[2]);
+    Py_ssize_t p = PyLong_AsSsize_t(args[4]);
+    if ((direction == -1 || p == -1) && PyErr_Occurred()) return NULL;
+    Py_ssize_t start = p;
+    int bad = 0;
+    long long minimum = long_attr(state, a_minimum, &bad), frames = long_attr(state, a_frames, &bad);
+    long long limit = long_attr(conn, a_frame_limit, &bad), seq = long_attr(conn, a_seq, &bad);
+    long long max_pending = long_attr(conn, a_max_pending, &bad);
+    int held = truthy_attr(direction == 0 ? conn : state, direction == 0 ? a_watch_client : a_raw);
+    if (held < 0) return NULL;
+    if (bad || held) return PyLong_FromSsize_t(p);
+    PyObject *pending = PyObject_GetAttr(conn, a_pending), *events = PyObject_GetAttr(conn, a_events);
+    PyObject *append = events ? PyObject_GetAttr(events, a_append) : NULL;
+    Py_buffer view;
+    int have_view = 0, failed = 0;
+    if (pending == NULL || append == NULL || !PyODict_Check(pending)) goto finish;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) goto finish;
+    have_view = 1;
+    const unsigned char *buf = view.buf;
+    Py_ssize_t n = view.len;
+    while (n - p >= 4) {
+        int32_t size = be32s(buf + p);
+        if (size < minimum || size > limit) break;
+        Py_ssize_t end = p + 4 + (Py_ssize_t)size;
+        if (end > n) break;
+        PyObject *event = NULL;
+        if (direction == 0) {
+            PyObject *request = request_of(data, buf, n, p, end, ts, ts);
+            if (request == NULL) goto finish;
+            if (request == Py_None || PyLong_AsLong(SLOT(request, request_offsets, RQ_API_KEY)) == 17) {
+                Py_DECREF(request);
+                break;
+            }
+            PyObject *corr = SLOT(request, request_offsets, RQ_CORRELATION_ID);
+            int no_answer = acks0(request);
+            int reused = no_answer ? 0 : PyDict_Contains(pending, corr);
+            if (no_answer || reused || PyDict_GET_SIZE(pending) >= max_pending) {
+                Py_DECREF(request);
+                if (no_answer < 0 || reused < 0) goto finish;
+                break;
+            }
+            PyObject *entry = Py_BuildValue("(LO)", seq + 1, request);
+            int stored = entry ? PyODict_SetItem(pending, corr, entry) : -1;
+            Py_XDECREF(entry);
+            if (stored < 0) {
+                Py_DECREF(request);
+                goto finish;
+            }
+            seq++;
+            PyObject *v[1] = {request};
+            event = filled(request_received, received_offsets, v, 1);
+        } else {
+            PyObject *corr = PyLong_FromLong(be32s(buf + p + 4));
+            if (corr == NULL) goto finish;
+            PyObject *entry = PyDict_GetItemWithError(pending, corr); /* borrowed */
+            PyObject *oldest = NULL, *it = NULL;
+            int first = 0;
+            if (entry != NULL && PyTuple_Check(entry) && PyTuple_GET_SIZE(entry) == 2 &&
+                Py_TYPE(PyTuple_GET_ITEM(entry, 1)) == request_type &&
+                PyLong_AsLong(SLOT(PyTuple_GET_ITEM(entry, 1), request_offsets, RQ_API_KEY)) != 17) {
+                it = PyObject_GetIter(pending);
+                oldest = it ? PyIter_Next(it) : NULL;
+                first = oldest ? PyObject_RichCompareBool(oldest, corr, Py_EQ) : 0;
+            }
+            Py_XDECREF(it);
+            Py_XDECREF(oldest);
+            if (first != 1) {
+                Py_DECREF(corr);
+                if (PyErr_Occurred()) goto finish;
+                break; /* no pending request, not the oldest, or a SaslHandshake: Python's */
+            }
+            PyObject *request = Py_NewRef(PyTuple_GET_ITEM(entry, 1));
+            PyObject *response = response_of(request, data, buf, n, p, end, ts, ts);
+            if (response == NULL || response == Py_None) {
+                Py_XDECREF(response);
+                Py_DECREF(request);
+                Py_DECREF(corr);
+                if (PyErr_Occurred()) goto finish;
+                break;
+            }
+            int removed = PyODict_DelItem(pending, corr);
+            Py_DECREF(corr);
+            if (removed < 0) {
+                Py_DECREF(request);
+                Py_DECREF(response);
+                goto finish;
+            }
+            PyObject *v[2] = {request, response};
+            event = filled(response_received, answered_offsets, v, 2);
+        }
+        if (event == NULL) goto finish;
+        PyObject *out = PyObject_CallOneArg(append, event);
+        Py_DECREF(event);
+        if (out == NULL) goto finish;
+        Py_DECREF(out);
+        frames++;
+        p = end;
+    }
+    goto done;
+finish:
+    failed = PyErr_Occurred() != NULL;
+done:
+    if (have_view) PyBuffer_Release(&view);
+    Py_XDECREF(pending);
+    Py_XDECREF(events);
+    Py_XDECREF(append);
+    if (p != start) { /* write back what the frames noted, also when one of them failed */
+        PyObject *type = NULL, *value = NULL, *trace = NULL;
+        if (failed) PyErr_Fetch(&type, &value, &trace);
+        PyObject *f = PyLong_FromLongLong(frames), *q = PyLong_FromLongLong(seq);
+        int ok = f && q && PyObject_SetAttr(state, a_frames, f) == 0 && PyObject_SetAttr(conn, a_seq, q) == 0;
+        Py_XDECREF(f);
+        Py_XDECREF(q);
+        if (failed) {
+            PyErr_Restore(type, value, trace);
+        } else if (!ok) {
+            failed = 1;
+        }
+    }
+    return failed ? NULL : PyLong_FromSsize_t(p);
+}
+
 static PyMethodDef methods[] = {
-    {"configure", configure, METH_VARARGS, "configure(Request, Response, decoder.protocol)"},
+    {"configure", configure, METH_VARARGS,
+     "configure(Request, Response, RequestReceived, ResponseReceived, decoder.protocol)"},
+    {"run_frames", (PyCFunction)(void (*)(void))run_frames, METH_FASTCALL,
+     "run_frames(conn, state, direction, data, pos, ts_ns) -> pos after the plain frames noted"},
     {"parse_request", (PyCFunction)(void (*)(void))parse_request, METH_FASTCALL,
      "parse_request(buf, pos, end, start_ns, end_ns) -> Request, or None: the Python path decides."},
     {"parse_response", (PyCFunction)(void (*)(void))parse_response, METH_FASTCALL,

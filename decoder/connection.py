@@ -108,15 +108,17 @@ _REQUEST_CANDIDATE = re.compile(
 _RESPONSE_CANDIDATE = re.compile(rb"(?=(?!\x00\x00\x00[\x00-\x03])[\x00-\x07][\x00-\xff]{3})", re.DOTALL)
 
 
-# The common case of _parse_request and _parse_response compiled (decoder/_framecore.c: why, and
-# how it leaves every doubtful frame to the Python below); KWIRE_PURE_PYTHON=1 leaves it out.
+# The common case of _parse_request and _parse_response, and of _frame_chunk's loop, compiled
+# (decoder/_framecore.c: why, and how it leaves every doubtful frame to the Python below);
+# KWIRE_PURE_PYTHON=1 leaves it out.
 _framecore = load("_framecore", "compiled frame headers")
 if _framecore is not None:
-    _framecore.configure(Request, Response, protocol)
+    _framecore.configure(Request, Response, RequestReceived, ResponseReceived, protocol)
     _compiled_request = _framecore.parse_request
     _compiled_response = _framecore.parse_response
+    _compiled_frames = _framecore.run_frames
 else:
-    _compiled_request = _compiled_response = None
+    _compiled_request = _compiled_response = _compiled_frames = None
 
 
 def _padded(buf: Any, pos: int, end: int) -> bytes:
@@ -462,8 +464,13 @@ class KafkaConnection:
         start = p
         limit = self.frame_limit
         decode = self._request_frame if direction == CLIENT_TO_BROKER else self._response_frame
+        run = _compiled_frames
         size = 0
         while n - p >= 4:
+            if run is not None:  # the plain frames from p on; then this loop takes the one after them
+                p = run(self, state, direction, data, p, ts_ns)
+                if n - p < 4:
+                    break
             size = _I32(data, p)[0]
             if size < state.minimum or size > limit:  # (a decoded frame may change the minimum)
                 rx.base += p - start

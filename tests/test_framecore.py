@@ -35,6 +35,7 @@ pytestmark = pytest.mark.skipif(C is None, reason="KWIRE_PURE_PYTHON=1: no compi
 def _python_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(connection, "_compiled_request", None)
     monkeypatch.setattr(connection, "_compiled_response", None)
+    monkeypatch.setattr(connection, "_compiled_frames", None)
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +56,7 @@ def frames() -> list[tuple[str, Any, bytes]]:
         return parse_response(self, request, buf, pos, end, start_ns, end_ns)
 
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(connection, "_compiled_frames", None)  # every frame through the two methods
         mp.setattr(KafkaConnection, "_parse_request", keep_request)
         mp.setattr(KafkaConnection, "_parse_response", keep_response)
         for path in CAPTURES:
