@@ -8,7 +8,7 @@ With a plan (:func:`plan_parts`, from the weights of a first pass over the captu
 :class:`ConnectionWeights`), the heaviest connections are spread first, each to the part with
 the least work so far: on the chatty benchmark capture (two producers with 75k segments each,
 seven small connections) the rule below put both producers in one part, because the clients'
-bootstrap connections were still open when they started; one worker then did 96% of the work.
+bootstrap connections were still open when they started; one worker then got 98% of the segments.
 
 Without a plan, or for a connection the plan lacks, a connection is assigned when its first
 packet is seen, to the part with the fewest connections still open (then the fewest assigned,
