@@ -778,7 +778,10 @@ def _decode_in_parts(
 
     import kwire.dataset  # noqa: F401  (imported once here, not again in every worker)
 
-    plan = plan_shards(files, parts)  # inherited by the forked workers, not sent
+    try:
+        plan = plan_shards(files, parts)  # inherited by the forked workers, not sent
+    except KeyboardInterrupt:  # Ctrl-C before any worker started: nothing written yet
+        return _Part(DecodeSummary(), CaptureStats(), None, 0, True)
     context = multiprocessing.get_context("fork")
     stop = context.Event()
     progress_bytes = context.Value("q", 0, lock=False)

@@ -641,6 +641,16 @@ def test_jobs_interrupted_and_failing(tmp_path: Path, monkeypatch: pytest.Monkey
     )
     monkeypatch.setattr(StreamDecoder, "feed", real_feed)
 
+    def interrupted_pass(*_args: Any) -> None:  # Ctrl-C while the parent weighs the connections
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(decode_command, "plan_shards", interrupted_pass)
+    line = one_line_error(
+        run(CAPTURES / "tansu-mixed.pcap", "-o", tmp_path / "early", "--jobs", "2"), code=130
+    )
+    assert line == f"kwire decode: interrupted; kept the 0 exchanges written so far in {tmp_path / 'early'}"
+    monkeypatch.undo()
+
     def full(self: Any, row: dict[str, Any]) -> None:
         raise OSError(28, "No space left on device")
 
