@@ -24,12 +24,14 @@ setup(
         Extension(
             "decoder._pcapscan",
             ["decoder/_pcapscan.c"],
+            depends=["decoder/_slots.h"],
             extra_compile_args=["-O2", "-std=c99", "-Wall"],
             optional=False,
         ),
         Extension(
             "decoder._framecore",
             ["decoder/_framecore.c"],
+            depends=["decoder/_slots.h"],
             extra_compile_args=["-O2", "-std=c99", "-Wall"],
             optional=False,
         ),

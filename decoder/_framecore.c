@@ -26,8 +26,9 @@ parse_response(request, buf, pos, end, start_ns, end_ns) -> Response | None
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <structmember.h>
 #include <stdint.h>
+
+#include "_slots.h"
 
 enum { RQ_API_KEY, RQ_API_VERSION, RQ_HEADER_VERSION, RQ_CORRELATION_ID, RQ_CLIENT_ID, RQ_SIZE,
        RQ_START_NS, RQ_END_NS, RQ_STATUS, RQ_FIELDS, RQ_DECODE_ERROR, RQ_N };
@@ -50,28 +51,6 @@ static PyObject *protocol = NULL; /* decoder.protocol */
 static PyObject *status_ok = NULL;
 static PyObject *s_request_plans, *s_response_plans, *s_request_plan, *s_response_plan; /* names */
 #define API_VERSIONS 18
-
-#define SLOT(obj, offsets, i) (*(PyObject **)((char *)(obj) + (offsets)[i]))
-
-static int slot_offsets(PyObject *cls, const char **names, int n, Py_ssize_t *offsets) {
-    if (!PyType_Check(cls)) {
-        PyErr_SetString(PyExc_TypeError, "a class is needed");
-        return -1;
-    }
-    for (int i = 0; i < n; i++) {
-        PyObject *d = PyObject_GetAttrString(cls, names[i]);
-        if (d == NULL) return -1;
-        int ok = Py_IS_TYPE(d, &PyMemberDescr_Type) &&
-                 ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
-        if (ok) offsets[i] = ((PyMemberDescrObject *)d)->d_member->offset;
-        Py_DECREF(d);
-        if (!ok) {
-            PyErr_Format(PyExc_TypeError, "%s is not a slot", names[i]);
-            return -1;
-        }
-    }
-    return 0;
-}
 
 static PyObject *configure(PyObject *self, PyObject *args) {
     PyObject *rq, *rs, *rq_received, *rs_received, *module;

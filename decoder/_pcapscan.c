@@ -18,10 +18,11 @@ plain member descriptors. Never reads outside buf, never raises on capture bytes
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <structmember.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+
+#include "_slots.h"
 
 enum { F_TS, F_SRC_IP, F_SRC_PORT, F_DST_IP, F_DST_PORT, F_SEQ, F_ACK, F_FLAGS, F_PAYLOAD, NFIELDS };
 static const char *field_names[NFIELDS] = {"ts_ns", "src_ip", "src_port", "dst_ip", "dst_port",
@@ -65,29 +66,10 @@ static inline uint32_t le32(const unsigned char *p) {
 }
 
 static PyObject *set_segment_class(PyObject *self, PyObject *cls) {
-    if (!PyType_Check(cls)) {
-        PyErr_SetString(PyExc_TypeError, "a class is needed");
-        return NULL;
-    }
-    for (int i = 0; i < NFIELDS; i++) {
-        PyObject *d = PyObject_GetAttrString(cls, field_names[i]);
-        if (d == NULL) return NULL;
-        int ok = Py_IS_TYPE(d, &PyMemberDescr_Type) &&
-                 ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
-        if (ok) offsets[i] = ((PyMemberDescrObject *)d)->d_member->offset;
-        Py_DECREF(d);
-        if (!ok) {
-            PyErr_Format(PyExc_TypeError, "%s is not a slot", field_names[i]);
-            return NULL;
-        }
-    }
-    Py_XDECREF(segment_type);
-    Py_INCREF(cls);
-    segment_type = (PyTypeObject *)cls;
+    if (slot_offsets(cls, field_names, NFIELDS, offsets) < 0) return NULL;
+    Py_XSETREF(segment_type, (PyTypeObject *)Py_NewRef(cls));
     Py_RETURN_NONE;
 }
-
-#define SLOT(obj, i) (*(PyObject **)((char *)(obj) + offsets[i]))
 
 /* The TcpSegment of the packet at pkt (headers checked) with payload buf[p:end], or NULL with an
    exception set (memory only). */
@@ -111,7 +93,7 @@ static PyObject *segment(long long ts, const unsigned char *pkt, const unsigned 
         for (int i = 0; i < NFIELDS; i++) Py_XDECREF(v[i]);
         return NULL;
     }
-    for (int i = 0; i < NFIELDS; i++) SLOT(seg, i) = v[i];
+    for (int i = 0; i < NFIELDS; i++) SLOT(seg, offsets, i) = v[i];
     return seg;
 }
 
