@@ -1,27 +1,33 @@
-/* decoder._framecore: the common case of KafkaConnection._parse_request and _parse_response, compiled.
+/* decoder._framecore: the common case of KafkaConnection's per-frame work, compiled.
 
-Why hand-written: on the chatty benchmark capture (81,089 exchanges) these two Python functions and
-what they call (the header unpack, the plan look-up, the client id, the header's tagged fields, the
-frozen dataclass built through its mutable twin) were the largest share of the per-frame Python left
-around the compiled body decoder: about 4 us an exchange under cProfile. Here each frame's header
-is read and its Request or Response built in one call; the body is still decoded by the compiled
-layout (decoder/_layoutvm.c through decoder.codegen), called as Python calls it.
+Why hand-written: on the chatty benchmark capture (81,089 exchanges) the per-frame Python around the
+compiled body decoder (the header unpack, the plan look-up, the client id, the header's tagged
+fields, the frozen dataclass built through its mutable twin, the pending-request bookkeeping and
+the events) was the largest share left of `kwire decode`'s CPU. Measured with and without this
+module in the same build (`farm-bench -n 7 --vs`, `kwire decode -j 1` on chatty): the two parsers
+0.90x the CPU, run_frames another 0.96x. The body is still decoded by the compiled layout
+(decoder/_layoutvm.c through decoder.codegen), called as Python calls it.
 
-The compiled path takes only frames that decode cleanly. On anything else (an api key or version
-with no definition, a client id or tagged fields that do not fit the frame, a body decoder that
-raises or runs past the frame, an ApiVersions answer that only its v0 layout reads... any doubt) it
-returns None and decoder/connection.py parses the frame in Python as before, which stays the
-reference: KWIRE_PURE_PYTHON=1 uses it alone, and tests/test_framecore.py checks both give the same
-events on every real capture and on mutated frames. It never reads outside the frame's buffer.
+The compiled path takes only frames that decode cleanly and need nothing of the connection's
+Python. On anything else (an api key or version with no definition, a client id or tagged fields
+that do not fit the frame, a body decoder that raises or runs past the frame, an ApiVersions answer
+that only its v0 layout reads, SASL, acks=0, a reused correlation id, an answer out of order... any
+doubt) it hands the frame back and decoder/connection.py takes it in Python as before, which stays
+the reference: KWIRE_PURE_PYTHON=1 uses it alone; tests/test_framecore.py checks both give the same
+frames, events and rows on every real capture, on mutated frames and on real streams cut anywhere,
+and tests/test_connection.py runs its hand-made cases on both. It never reads outside the buffer.
 
-configure(Request, Response, protocol)
-    The slotted classes to fill (as decoder/_pcapscan.c fills TcpSegment), and decoder.protocol, whose
-    plan caches (_request_plans, _response_plans: plan_key(api_key, api_version) -> (header version,
-    body decoder or None)) are read by name at every call, so that a test replacing them (with
-    decoders that record, or with the Python reference decoders) replaces them here too; a key they
-    lack is filled in by protocol.request_plan / response_plan.
+configure(Request, Response, RequestReceived, ResponseReceived, protocol)
+    The slotted classes to fill (decoder/_slots.h), and decoder.protocol, whose plan caches
+    (_request_plans, _response_plans: plan_key(api_key, api_version) -> (header version, body decoder
+    or None)) are read by name at every call, so that a test replacing them (with decoders that
+    record, or with the Python reference decoders) replaces them here too; a key they lack is filled
+    in by protocol.request_plan / response_plan.
 parse_request(buf, pos, end, start_ns, end_ns) -> Request | None
 parse_response(request, buf, pos, end, start_ns, end_ns) -> Response | None
+    KafkaConnection._parse_request / _parse_response for a clean frame; None: the Python path's.
+run_frames(conn, state, direction, data, pos, ts_ns) -> pos
+    KafkaConnection._frame_chunk's loop over the plain frames from pos (see the function).
 */
 
 #define PY_SSIZE_T_CLEAN
