@@ -7,39 +7,26 @@ message: the extension is not optional.
 
 from setuptools import Extension, setup
 
+_FLAGS = ["-O2", "-std=c99", "-Wall"]
+
+
+def _compiled(name: str, *, flags: tuple[str, ...] = (), depends: tuple[str, ...] = ()) -> Extension:
+    """The extension ``name`` (``package._module``) built from ``package/_module.c``."""
+    return Extension(
+        name,
+        [name.replace(".", "/") + ".c"],
+        depends=list(depends),
+        extra_compile_args=_FLAGS + list(flags),
+        optional=False,
+    )
+
+
 setup(
     ext_modules=[
-        Extension(
-            "decoder._layoutvm",
-            ["decoder/_layoutvm.c"],
-            extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-missing-braces"],
-            optional=False,
-        ),
-        Extension(
-            "decoder._rowvalues",
-            ["decoder/_rowvalues.c"],
-            extra_compile_args=["-O2", "-std=c99", "-Wall"],
-            optional=False,
-        ),
-        Extension(
-            "decoder._pcapscan",
-            ["decoder/_pcapscan.c"],
-            depends=["decoder/_slots.h"],
-            extra_compile_args=["-O2", "-std=c99", "-Wall"],
-            optional=False,
-        ),
-        Extension(
-            "decoder._framecore",
-            ["decoder/_framecore.c"],
-            depends=["decoder/_slots.h"],
-            extra_compile_args=["-O2", "-std=c99", "-Wall"],
-            optional=False,
-        ),
-        Extension(
-            "kwire._rowarrow",
-            ["kwire/_rowarrow.c"],
-            extra_compile_args=["-O2", "-std=c99", "-Wall"],
-            optional=False,
-        ),
+        _compiled("decoder._layoutvm", flags=("-Wno-missing-braces",)),
+        _compiled("decoder._rowvalues"),
+        _compiled("decoder._pcapscan", depends=("decoder/_slots.h",)),
+        _compiled("decoder._framecore", depends=("decoder/_slots.h",)),
+        _compiled("kwire._rowarrow"),
     ]
 )

@@ -82,8 +82,7 @@ class ConnectionShards:
     def __init__(self, parts: int, plan: dict[int, int] | None = None) -> None:
         self.parts = parts
         self._part_of: dict[int, int] = dict(plan) if plan else {}
-        # planned pairs count as ended: the open-connection counts are the rule's, for the others
-        self._ended: set[int] = set(self._part_of)
+        self._placed_open: set[int] = set()  # pairs the rule placed, not seen to end yet
         self._open = [0] * parts
         self._assigned = [0] * parts
 
@@ -94,8 +93,8 @@ class ConnectionShards:
         part = self._part_of.get(key)
         if part is None:
             part = self._assign(key, a, b)
-        if segment.flags & (FIN | RST) and key not in self._ended and key in self._part_of:
-            self._ended.add(key)
+        if segment.flags & (FIN | RST) and key in self._placed_open:
+            self._placed_open.discard(key)
             self._open[part] -= 1
         return part
 
@@ -104,6 +103,7 @@ class ConnectionShards:
             return shard_of(port_a, port_b, self.parts)
         part = min(range(self.parts), key=lambda p: (self._open[p], self._assigned[p]))
         self._part_of[key] = part
+        self._placed_open.add(key)
         self._open[part] += 1
         self._assigned[part] += 1
         return part
