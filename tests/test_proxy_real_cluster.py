@@ -426,16 +426,28 @@ def test_clients_stay_on_the_proxy(proxied: ProxiedRun) -> None:
         assert stream.server in (victim, run.proxy_address(VICTIM)), (stream.client, stream.server)
         assert killed <= stream.opened_ns // 1000 <= started, (stream.client, stream.server)
     # the proxy closed that listener once the broker refused it, and reopened it once the
-    # broker accepted connections again; meanwhile it accepted no client (no connect-and-cut storm)
-    closed, reopened = _listener_closed(run.proxy_log, VICTIM)
-    assert killed - US <= closed < reopened <= started, (closed, reopened)
-    margin = 50_000  # µs: the log's millisecond clock against tcpdump's
-    storm = [
-        s.opened_ns // 1000
+    # broker accepted connections again; meanwhile it accepted no client (no connect-and-cut storm).
+    # Only a client coming to that listener while its broker is down makes the proxy meet the
+    # refusal: in a run where none came (the clients had already moved to the new leaders), the
+    # listener must simply never have closed.
+    came = [
+        s
         for s in accepted
-        if s.server == run.proxy_address(VICTIM) and closed + margin < s.opened_ns // 1000 < reopened - margin
+        if s.server == run.proxy_address(VICTIM) and killed <= s.opened_ns // 1000 <= started
     ]
-    assert not storm, storm
+    if not came and not refused:
+        assert f"broker {VICTIM} (" not in run.proxy_log, "a listener closed with no client refused"
+    else:
+        closed, reopened = _listener_closed(run.proxy_log, VICTIM)
+        assert killed - US <= closed < reopened <= started, (closed, reopened)
+        margin = 50_000  # µs: the log's millisecond clock against tcpdump's
+        storm = [
+            s.opened_ns // 1000
+            for s in accepted
+            if s.server == run.proxy_address(VICTIM)
+            and closed + margin < s.opened_ns // 1000 < reopened - margin
+        ]
+        assert not storm, storm
     assert len(pairs) == len(run.recorded_connections)
     # each pair's far side is the broker the proxy says it forwarded that client to
     recorded_broker = {c["client_port"]: (c["broker_ip"], c["broker_port"]) for c in run.recorded_connections}
