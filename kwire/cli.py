@@ -11,21 +11,35 @@ Conventions every command keeps:
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import sys
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
-import typer
+# kwire never does linear algebra, but pyarrow imports numpy, whose OpenBLAS starts a spinning
+# thread per core: 5% of a bulk decode's CPU here (farm-bench, median of 7 pairs), taken from
+# the other decode worker on a 2-core machine.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import typer  # after the setting above: numpy reads it when it loads
 
 from kwire import __version__
-from kwire.analytics_commands import analyze, audit, sql
-from kwire.capture_command import capture
-from kwire.decode_command import decode
-from kwire.proxy_command import proxy
 from kwire.runtime import tune_gc
 
-__all__ = ["app", "run"]
+__all__ = ["build_app", "run"]  # and `app` (built on first use: see __getattr__)
+
+#: Each command: the module that defines it, in the order ``kwire --help`` lists them. A run of
+#: one command imports only its module: all of them took 130 ms of each ``kwire decode``.
+COMMANDS: dict[str, str] = {
+    "decode": "kwire.decode_command",
+    "capture": "kwire.capture_command",
+    "proxy": "kwire.proxy_command",
+    "analyze": "kwire.analytics_commands",
+    "audit": "kwire.analytics_commands",
+    "sql": "kwire.analytics_commands",
+}
 
 
 def _help_width() -> int:
@@ -35,16 +49,17 @@ def _help_width() -> int:
     return 200
 
 
-app = typer.Typer(
-    name="kwire",
-    help="Kafka wire-protocol inspection: decode captures, run a recording proxy or a passive sidecar, "
-    "analyse with Spark.",
-    no_args_is_help=True,
-    add_completion=True,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-    context_settings={"max_content_width": 400, "terminal_width": _help_width()},
-)
+def _typer() -> typer.Typer:
+    return typer.Typer(
+        name="kwire",
+        help="Kafka wire-protocol inspection: decode captures, run a recording proxy or a passive sidecar, "
+        "analyse with Spark.",
+        no_args_is_help=True,
+        add_completion=True,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+        context_settings={"max_content_width": 400, "terminal_width": _help_width()},
+    )
 
 
 def _show_version(value: bool) -> None:
@@ -53,7 +68,6 @@ def _show_version(value: bool) -> None:
         raise typer.Exit(0)
 
 
-@app.callback()
 def main(
     version: Annotated[
         bool,
@@ -66,8 +80,28 @@ def main(
     tune_gc()
 
 
-for command in (decode, capture, proxy, analyze, audit, sql):
-    app.command()(command)
+def build_app(only: str | None = None) -> typer.Typer:
+    """The typer app with every command, or with just the command ``only`` (what a run of it
+    needs: its help and errors read the same, and the other commands' modules stay unloaded)."""
+    cli = _typer()
+    cli.callback()(main)
+    for name, module in COMMANDS.items():
+        if only is None or name == only:
+            command: Callable[..., Any] = getattr(importlib.import_module(module), name)
+            cli.command()(command)
+    return cli
+
+
+_FULL: list[typer.Typer] = []
+
+
+def __getattr__(name: str) -> Any:
+    """``app``: the whole command line, built on first use (tests and benchmarks drive it)."""
+    if name == "app":
+        if not _FULL:
+            _FULL.append(build_app())
+        return _FULL[0]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -75,8 +109,10 @@ def run(argv: list[str] | None = None) -> int:
     from typer._click import exceptions as click_exceptions
     from typer.exceptions import Abort
 
+    args = sys.argv[1:] if argv is None else argv
+    cli = build_app(args[0]) if args and args[0] in COMMANDS else __getattr__("app")
     try:
-        result = app(args=argv, prog_name="kwire", standalone_mode=False)
+        result = cli(args=args, prog_name="kwire", standalone_mode=False)
     except click_exceptions.NoArgsIsHelpError as exc:
         print(exc.format_message(), file=sys.stderr)
         return 2
