@@ -11,6 +11,7 @@ Conventions every command keeps:
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import shutil
@@ -92,15 +93,15 @@ def build_app(only: str | None = None) -> typer.Typer:
     return cli
 
 
-_FULL: list[typer.Typer] = []
+@functools.cache
+def _whole_app() -> typer.Typer:
+    return build_app()
 
 
 def __getattr__(name: str) -> Any:
     """``app``: the whole command line, built on first use (tests and benchmarks drive it)."""
     if name == "app":
-        if not _FULL:
-            _FULL.append(build_app())
-        return _FULL[0]
+        return _whole_app()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -110,7 +111,7 @@ def run(argv: list[str] | None = None) -> int:
     from typer.exceptions import Abort
 
     args = sys.argv[1:] if argv is None else argv
-    cli = build_app(args[0]) if args and args[0] in COMMANDS else __getattr__("app")
+    cli = build_app(args[0]) if args and args[0] in COMMANDS else _whole_app()
     try:
         result = cli(args=args, prog_name="kwire", standalone_mode=False)
     except click_exceptions.NoArgsIsHelpError as exc:
