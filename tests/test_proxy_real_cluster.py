@@ -52,7 +52,6 @@ import contextlib
 import json
 import re
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -65,6 +64,7 @@ from typing import Any
 
 import pyarrow.dataset as ds
 import pytest
+from proxy_load import api_versions_v0
 from proxy_sides import (
     BytesReport,
     compare_connections,
@@ -263,12 +263,10 @@ def _listener_closed(log: str, node: int) -> tuple[int, int]:
 def _knock(address: tuple[str, int], timeout: float = 10.0) -> str:
     """Come to ``address`` as a client does: connect, send an ApiVersions v0 request (client id
     ``kwire-lab``, the lab's own), and wait (bounded) for an answer or the end of the connection.
-    What happened, for the test's report."""
-    client_id = b"kwire-lab"
-    request = struct.pack(">hhih", 18, 0, 1, len(client_id)) + client_id
+    What happened, for the scenario's timeline."""
     try:
         with socket.create_connection(address, timeout=timeout) as sock:
-            sock.sendall(struct.pack(">i", len(request)) + request)
+            sock.sendall(api_versions_v0(1, b"kwire-lab"))
             answer = sock.recv(65536)
     except OSError as exc:
         return f"{type(exc).__name__}"
