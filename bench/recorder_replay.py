@@ -54,17 +54,17 @@ def _tap_worker(path: str, argv: list[str]) -> int:
     """The recorder worker, appending each message it reads (settings first) to ``path``."""
     from proxy import recorder_worker
 
-    frames = recorder_worker._frames
+    taken = recorder_worker._Inbox.messages
     out = open(path, "ab")  # noqa: SIM115 - open for the worker's life
 
-    def tapped(buffer: bytearray) -> list[Any]:
-        messages = frames(buffer)
+    def tapped(inbox: Any) -> list[Any]:
+        messages = taken(inbox)
         for message in messages:
             out.write(recorder_worker._frame(message))
         out.flush()
         return messages
 
-    recorder_worker._frames = tapped  # type: ignore[assignment]
+    recorder_worker._Inbox.messages = tapped  # type: ignore[method-assign]
     return recorder_worker.main(argv)
 
 

@@ -62,7 +62,7 @@ from decoder.fastclass import fast_constructor
 from decoder.primitives import Malformed, skip_tagged_fields
 from decoder.receivebuffer import ReceiveBuffer
 from decoder.sasl import GSSAPI_TOKEN_TAG, HANDSHAKE, RawExchange, starts_raw_exchange
-from decoder.skeleton import has_records, skeleton
+from decoder.skeleton import frame_head, frame_skeleton, has_records
 
 __all__ = ["DEFAULT_FRAME_LIMIT", "HUNT_WAIT", "KafkaConnection", "decodes_as_request", "looks_like_request"]
 
@@ -90,7 +90,6 @@ _ACKS0_REMEMBERED = 256
 _PADDING = bytes(64)  # zeros after a malformed frame decoded again (see ``_padded``)
 _HUNT_WAITING_MAX = 64  # incomplete candidates remembered at once while hunting
 _SKELETON_MIN = 64 << 10  # held frames at least this long are decoded from their skeleton when they can be
-_SKELETON_HEAD = 1 << 10  # bytes a request or response header is looked for in
 _CORR_STEP = 1 << 16  # most a connection's correlation ids advance from one response to the next
 
 # Hunt verdicts on one candidate offset.
@@ -336,6 +335,30 @@ class KafkaConnection:
         self._start_hunting(state, f"gap of {nbytes} bytes")
         self._hunt_after_gap(state)
 
+    def receive_skeleton(self, direction: int, frame: bytes, size: int, start_ns: int, end_ns: int) -> bool:
+        """A whole frame of ``size`` bytes of ``direction``, given as its skeleton (``frame``:
+        ``decoder.skeleton``, record payloads left out), its first byte seen at ``start_ns`` and
+        its last at ``end_ns``. Rows are as if the frame itself had been fed. Where this
+        direction is not at a frame boundary (bytes were lost before it, a SASL token is read
+        raw), the frame is a gap of ``size`` bytes: False then."""
+        if size <= 0 or self.closed:
+            return True
+        state = self._dirs[direction]
+        rx = state.rx
+        if state.skip or state.hunting or state.raw or rx.held or rx.pos < len(rx.buf):
+            self.receive_gap(direction, size, end_ns)
+            return False
+        state.total_bytes += size
+        state.frames += 1
+        rx.base += size
+        if not self._decode_skeleton(direction, frame, size, start_ns, end_ns):
+            # not clean: the skeleton as it is (its own size), as a frame that does not decode
+            if direction == CLIENT_TO_BROKER:
+                self._request_frame(frame, 0, len(frame), start_ns, end_ns)
+            else:
+                self._response_frame(frame, 0, len(frame), start_ns, end_ns)
+        return True
+
     def buffered(self, direction: int) -> int:
         """Bytes of ``direction`` held until more arrive (a frame in progress, a hunt's window)."""
         rx = self._dirs[direction].rx
@@ -538,56 +561,56 @@ class KafkaConnection:
         False (nothing noted yet) when the frame's api has no records, the walk fails, or the
         skeleton does not decode cleanly: the caller then joins the frame and decodes that.
         """
-        first = parts[0]
-        head = (
-            bytes(first[:_SKELETON_HEAD])
-            if len(first) >= _SKELETON_HEAD
-            else b"".join(parts)[:_SKELETON_HEAD]
-        )
-        size = sum(len(part) for part in parts)
+        head = frame_head(parts)
         try:
-            if direction == CLIENT_TO_BROKER:
-                if self._fresh:  # (a first frame starting 0x60 has no records: never here)
-                    self._fresh = False
-                    self._watch_client = self._sasl is not None
-                direction_name = "request"
-                _size, api_key, api_version, _corr = _REQUEST_HEAD(head, 0)
-                header_version = protocol.request_header_version(api_key, api_version)
-                body = 12
-                if header_version >= 1:
-                    _client_id, body = _read_client_id(head, body, len(head))
-                if header_version >= 2:
-                    body = skip_tagged_fields(head, body, len(head))
-            else:
-                direction_name = "response"
-                corr = _I32(head, 4)[0]
-                entry = self._pending.get(corr)
-                request = entry[1] if entry is not None else self._acks0.get(corr)
-                if request is None:
-                    return False
-                api_key, api_version = request.api_key, request.api_version
-                header_version = protocol.response_header_version(api_key, api_version)
-                body = 8 if header_version < 1 else skip_tagged_fields(head, 8, len(head))
+            api = self._frame_api(direction, head)
         except _DECODE_ERRORS:
             return False
-        if not has_records(direction_name, api_key, api_version):
+        if api is None:
             return False
-        frame = skeleton(parts, direction_name, api_key, api_version, body)
+        name = "request" if direction == CLIENT_TO_BROKER else "response"
+        if not has_records(name, *api):
+            return False
+        frame = frame_skeleton(parts, name, *api, head=head)
         if frame is None:
             return False
+        return self._decode_skeleton(direction, frame, sum(len(part) for part in parts), start_ns, end_ns)
+
+    def _frame_api(self, direction: int, head: Any) -> tuple[int, int] | None:
+        """(api key, version) of the frame starting with ``head``: a request's own, a response's
+        request's (None when no request awaits it)."""
+        if direction == CLIENT_TO_BROKER:
+            _size, api_key, api_version, _corr = _REQUEST_HEAD(head, 0)
+            return api_key, api_version
+        corr = _I32(head, 4)[0]
+        entry = self._pending.get(corr)
+        request = entry[1] if entry is not None else self._acks0.get(corr)
+        return None if request is None else (request.api_key, request.api_version)
+
+    def _decode_skeleton(self, direction: int, frame: bytes, size: int, start_ns: int, end_ns: int) -> bool:
+        """Note the frame of ``size`` bytes whose skeleton is ``frame``: True when it decoded
+        cleanly (False, nothing noted, otherwise)."""
         end = len(frame)
         if direction == CLIENT_TO_BROKER:
+            if self._fresh:  # (a first frame starting 0x60 has no records: never here)
+                self._fresh = False
+                self._watch_client = self._sasl is not None
             parsed = self._parse_request(frame, 0, end, start_ns, end_ns)
             if parsed.status != "ok" or parsed.decode_error is not None:
                 return False
             self._add_request(dataclasses.replace(parsed, size=size), end_ns)
-        else:
-            response = self._decode_response(request, frame, 0, end, start_ns, end_ns)
-            if response.status != "ok" or response.decode_error is not None:
-                return False
-            self._response_frame(
-                frame, 0, end, start_ns, end_ns, decoded=dataclasses.replace(response, size=size)
-            )
+            return True
+        corr = _I32(frame, 4)[0]
+        entry = self._pending.get(corr)
+        request = entry[1] if entry is not None else self._acks0.get(corr)
+        if request is None:
+            return False
+        response = self._decode_response(request, frame, 0, end, start_ns, end_ns)
+        if response.status != "ok" or response.decode_error is not None:
+            return False
+        self._response_frame(
+            frame, 0, end, start_ns, end_ns, decoded=dataclasses.replace(response, size=size)
+        )
         return True
 
     def _drain_and_park(self, direction: int, state: _Direction, ts_ns: int) -> None:

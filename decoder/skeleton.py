@@ -20,12 +20,17 @@ from typing import Any
 
 from decoder import protocol
 from decoder.pieces import LayoutWalk, Unsure
+from decoder.primitives import Malformed, skip_tagged_fields
 
-__all__ = ["has_records", "skeleton"]
+__all__ = ["HEAD_BYTES", "body_at", "frame_head", "frame_skeleton", "has_records", "skeleton"]
+
+#: Bytes of a frame its request or response header is looked for in.
+HEAD_BYTES = 1 << 10
 
 _BATCH_HEADER = 61
 _MAGIC_AT = 16
 _INT32 = struct.Struct(">i")
+_I16 = struct.Struct(">h").unpack_from
 _SHORT_HEADER = _INT32.pack(_BATCH_HEADER - 12)
 
 
@@ -120,3 +125,49 @@ def skeleton(
     except (Unsure, IndexError, struct.error):
         return None
     return walk.finish()
+
+
+def frame_head(pieces: Sequence[Any]) -> bytes:
+    """The first ``HEAD_BYTES`` of a frame held as ``pieces`` (fewer if it is shorter)."""
+    first = pieces[0]
+    if len(first) >= HEAD_BYTES:
+        return bytes(first[:HEAD_BYTES])
+    out = bytearray()
+    for piece in pieces:
+        out += piece[: HEAD_BYTES - len(out)]
+        if len(out) >= HEAD_BYTES:
+            break
+    return bytes(out)
+
+
+def body_at(head: Any, direction: str, api_key: int, api_version: int) -> int:
+    """Where the message body starts in a frame beginning with ``head`` (length prefix included):
+    past the request header (correlation id, client id, tagged fields by its version) or the
+    response header. Raises ``Malformed`` (or ``IndexError``/``struct.error``) when ``head``
+    ends first."""
+    end = len(head)
+    if direction == "request":
+        version = protocol.request_header_version(api_key, api_version)
+        pos = 12
+        if version >= 1:
+            n = _I16(head, pos)[0]
+            pos += 2 + max(n, 0)
+            if pos > end:
+                raise Malformed("client id runs past the head")
+        return skip_tagged_fields(head, pos, end) if version >= 2 else pos
+    version = protocol.response_header_version(api_key, api_version)
+    return 8 if version < 1 else skip_tagged_fields(head, 8, end)
+
+
+def frame_skeleton(
+    pieces: Sequence[Any], direction: str, api_key: int, api_version: int, head: bytes | None = None
+) -> bytes | None:
+    """``skeleton`` of the frame held as ``pieces``, its header read from its first bytes
+    (``head``, or ``frame_head(pieces)``). None when it cannot be made."""
+    if head is None:
+        head = frame_head(pieces)
+    try:
+        body = body_at(head, direction, api_key, api_version)
+    except (Malformed, IndexError, struct.error):
+        return None
+    return skeleton(pieces, direction, api_key, api_version, body)

@@ -117,6 +117,8 @@ _SCALARS = (
     "held_bytes",
     "over_budget_frames",
     "over_budget_bytes",
+    "skimmed_frames",
+    "skimmed_bytes",
     "rows_recorded",
     "rows_written",
     "files_rolled",
@@ -290,6 +292,8 @@ class Metrics:
         self.held_bytes = 0  # frames held whole (rewrites, rules) across all connections
         self.over_budget_frames = 0  # frames forwarded unheld/undecoded at the memory budget
         self.over_budget_bytes = 0
+        self.skimmed_frames = 0  # large record frames sent to the recorder as skeletons (proxy.skim)
+        self.skimmed_bytes = 0  # their bytes left out (payloads that never crossed to the recorder)
         self.rows_recorded = 0  # exchange rows made for the writer (written at the next roll)
         self.rows_written = 0
         self.files_rolled = 0
@@ -563,6 +567,18 @@ def render(snap: Snapshot) -> str:
         "counter",
         "Bytes of those frames.",
         scalars["over_budget_bytes"],
+    )
+    scalar(
+        "kwire_proxy_skimmed_frames_total",
+        "counter",
+        "Large Produce requests and Fetch responses handed to the recorder as their skeletons.",
+        scalars["skimmed_frames"],
+    )
+    scalar(
+        "kwire_proxy_skimmed_bytes_total",
+        "counter",
+        "Record payload bytes of those frames, never copied to the recorder.",
+        scalars["skimmed_bytes"],
     )
     scalar(
         "kwire_proxy_recorder_queue_bytes",

@@ -63,7 +63,7 @@ from proxy.metrics import Metrics
 
 __all__ = ["Recorder"]
 
-_OPEN, _DATA, _GAP, _INJECTED, _CLOSE = range(5)
+_OPEN, _DATA, _GAP, _INJECTED, _CLOSE, _SKELETON = range(6)
 
 #: Queued items ``catch_up`` decodes at once; more than that is a backlog for the task.
 _CATCH_UP_ITEMS = 8
@@ -204,23 +204,38 @@ class Recorder:
     def open(self, key: int, info: ConnectionInfo, ts_ns: int) -> None:
         self._queue.append((_OPEN, key, info, ts_ns))
 
-    def data(self, key: int, direction: int, data: bytes, ts_ns: int) -> None:
-        size = len(data)
+    def _queued(self, nbytes: int) -> bool:
+        """Take ``nbytes`` more into the queue, if it and the budget allow and decoding is not
+        behind (else the caller queues a gap)."""
         with self._queue_lock:
             fits = (
                 not self._behind
-                and self._queued_bytes + size <= self.max_queue_bytes
-                and self.budget.take(size, self._keep)
+                and self._queued_bytes + nbytes <= self.max_queue_bytes
+                and self.budget.take(nbytes, self._keep)
             )
             if fits:
-                self._queued_bytes += size
-        if fits:
+                self._queued_bytes += nbytes
+        return fits
+
+    def data(self, key: int, direction: int, data: bytes, ts_ns: int) -> None:
+        size = len(data)
+        if self._queued(size):
             self._queue.append((_DATA, key, direction, data, ts_ns))
         else:
             self.metrics.add("dropped_bytes", size)
             self._queue.append((_GAP, key, direction, size, ts_ns))
         if len(self._queue) > _CATCH_UP_ITEMS:
             self._poke()  # a backlog: the task takes it in slices
+
+    def skeleton(self, key: int, direction: int, frame: bytes, size: int, start_ns: int, end_ns: int) -> None:
+        """A whole frame of ``size`` bytes of ``direction`` as its skeleton (``proxy.skim``): its
+        first byte seen at ``start_ns``, its last at ``end_ns``. Queued as ``data`` is, by the
+        skeleton's own bytes; one that does not fit is a gap of ``size``."""
+        if self._queued(len(frame)):
+            self._queue.append((_SKELETON, key, direction, frame, size, start_ns, end_ns))
+        else:
+            self.metrics.add("dropped_bytes", size)
+            self._queue.append((_GAP, key, direction, size, end_ns))
 
     def gap(self, key: int, direction: int, nbytes: int, ts_ns: int) -> None:
         """``nbytes`` of ``direction`` were never seen (a passive capture lost them, or joined the
@@ -305,15 +320,18 @@ class Recorder:
         while queue:
             item = queue.popleft()
             kind = item[0]
-            if kind == _DATA:
-                _, key, direction, data, ts_ns = item
+            if kind in (_DATA, _SKELETON):
+                key, direction, data, ts_ns = item[1], item[2], item[3], item[-1]
                 consumed += len(data)
                 conn = self._conns.get(key)
                 if conn is not None:
                     conn.last_ns = ts_ns
                     if direction:
                         conn.last_answer_ns = ts_ns
-                    conn.decoder.receive_data(direction, data, ts_ns)
+                    if kind == _DATA:
+                        conn.decoder.receive_data(direction, data, ts_ns)
+                    elif not conn.decoder.receive_skeleton(direction, data, item[4], item[5], ts_ns):
+                        conn.gap_bytes[direction] += item[4]  # out of step: taken as a gap
                     self._hold(conn, direction, ts_ns)
                     self._drain(conn)
                 if count % 64 == 0:

@@ -11,9 +11,12 @@ requests/s kwire added 15.8 ms to p50 where the bare asyncio forwarder added non
 3 rounds; issue 18). What it gives, and what it costs, is in the README's "Overhead".
 
 What the loop does (``RecorderProcess``): ``open``/``data``/``gap``/``injected``/``close`` append
-an item to a batch (the chunk object itself); every ``_SEND_SECONDS`` (``catch_up`` schedules
-it; sooner once ``_SEND_BYTES`` wait) the batch is pickled and written to the worker's pipe,
-non-blocking. What the pipe does not
+an item to a batch (the chunk object itself), except that a large Produce request or Fetch
+response is held by reference until whole and goes as its skeleton, without its record
+payloads (``proxy.skim``); every ``_SEND_SECONDS`` (``catch_up`` schedules it; sooner once
+``_SEND_BYTES`` wait) the batch is pickled and written to the worker's pipe, non-blocking,
+chunks of ``_OUT_OF_BAND`` bytes or more as segments of their own (``_message``: never copied
+in this process). What the pipe does not
 take at once waits, and the bytes waiting are bounded (``max_queue_bytes``, and taken from the
 memory budget): a chunk beyond that is sent as a gap (counted in ``dropped_bytes``), and the
 worker's decoder resynchronises as after a lost packet, so rows never claim what it skipped.
@@ -45,6 +48,7 @@ import asyncio
 import contextlib
 import ctypes
 import fcntl
+import itertools
 import logging
 import os
 import pickle
@@ -55,18 +59,21 @@ import subprocess
 import sys
 import termios
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
 from proxy.budget import MemoryBudget, release_free_memory
 from proxy.metrics import Metrics
+from proxy.skim import FrameSkim
 
 __all__ = ["RecorderProcess"]
 
 log = logging.getLogger("kwire.proxy")
 
-_OPEN, _DATA, _GAP, _INJECTED, _CLOSE = range(5)
-_LENGTH = struct.Struct(">I")
+_OPEN, _DATA, _GAP, _INJECTED, _CLOSE, _SKELETON = range(6)
+#: A message's head: its length, its pickle's length, how many chunks follow it.
+_HEAD = struct.Struct(">III")
 #: The pipe's size asked of the kernel (Linux: ``F_SETPIPE_SZ``; the default is 64 KB).
 _PIPE_BYTES = 1 << 20
 #: How often the worker reports back (metric deltas, rows made, memory held).
@@ -84,6 +91,11 @@ _PR_SET_PDEATHSIG = 1
 _SEND_SECONDS = 0.01
 _SEND_BYTES = 256 << 10
 _NOW = object()
+#: Chunks from this size on are written to the pipe as they are (out of band: ``_message``);
+#: smaller ones are copied into the batch's pickle, which costs less than a segment of their own.
+_OUT_OF_BAND = 4 << 10
+#: How many segments one ``writev`` takes (Linux's ``IOV_MAX``).
+_IOV_MAX = 1024
 #: What the worker reads from its pipe before it decodes a slice.
 _READ_BYTES = 8 << 20
 #: The worker runs under ``SCHED_IDLE`` (Linux): on a busy machine the kernel runs the
@@ -110,24 +122,112 @@ _GATHER_STEP = 0.025
 _MIN_LAG_SECONDS = 1.0
 
 
+def _message(obj: Any) -> list[Any]:
+    """``obj`` as one message: the segments to write, in order. Chunks wrapped in
+    ``pickle.PickleBuffer`` go out of band, as segments of their own: never copied in this
+    process (the kernel copies them into the pipe). A message is a head (``_HEAD``: its
+    length, its pickle's length, how many chunks), each chunk's length, the pickle, the chunks.
+    """
+    chunks: list[Any] = []
+    body = pickle.dumps(obj, protocol=5, buffer_callback=chunks.append)
+    sizes = [memoryview(chunk).nbytes for chunk in chunks]
+    total = _HEAD.size + 4 * len(chunks) + len(body) + sum(sizes)
+    head = _HEAD.pack(total, len(body), len(chunks))
+    if chunks:
+        head += struct.pack(f">{len(chunks)}I", *sizes)
+    return [head, body, *chunks]
+
+
 def _frame(obj: Any) -> bytes:
-    body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    return _LENGTH.pack(len(body)) + body
+    """``obj`` as one message, joined (the worker's reports, the settings, the benchmarks)."""
+    return b"".join(_message(obj))
+
+
+def _parse(view: memoryview, at: int, end: int, out: list[Any]) -> int:
+    """Append the whole messages in ``view[at:end]`` to ``out``; where the first incomplete one
+    starts. Each chunk becomes a ``bytes`` of its own (the one copy the worker makes)."""
+    while end - at >= _HEAD.size:
+        total, body_size, count = _HEAD.unpack_from(view, at)
+        if end - at < total:
+            break
+        p = at + _HEAD.size + 4 * count
+        sizes = struct.unpack_from(f">{count}I", view, at + _HEAD.size) if count else ()
+        body = view[p : p + body_size]
+        p += body_size
+        chunks = []
+        for size in sizes:
+            chunks.append(bytes(view[p : p + size]))
+            p += size
+        out.append(pickle.loads(body, buffers=chunks))
+        at += total
+    return at
 
 
 def _frames(buffer: bytearray) -> list[Any]:
     """The whole messages at the start of ``buffer`` (removed from it)."""
-    out = []
-    at = 0
+    out: list[Any] = []
     with memoryview(buffer) as view:
-        while len(view) - at >= 4:
-            (size,) = _LENGTH.unpack_from(view, at)
-            if len(view) - at - 4 < size:
-                break
-            out.append(pickle.loads(view[at + 4 : at + 4 + size]))
-            at += 4 + size
+        at = _parse(view, 0, len(view), out)
     del buffer[:at]
     return out
+
+
+def _wanted(view: memoryview, at: int, end: int) -> int:
+    """Bytes from ``at`` that the first message needs (a head's worth until its head is in)."""
+    return _HEAD.unpack_from(view, at)[0] if end - at >= _HEAD.size else _HEAD.size
+
+
+class _Inbox:
+    """The worker's end of its pipe: read straight into one reused buffer (no bytes object
+    per read, no joining), messages taken from it. Reading 1 MB reads into a fresh bytes and
+    appending it to a buffer took two thirds of the worker's samples under a bulk produce load
+    (py-spy; the chunks then copied a third time by unpickling)."""
+
+    def __init__(self, size: int = _READ_BYTES) -> None:
+        self.size = size
+        self.buf = bytearray(size)
+        self.start = 0  # the first byte not yet taken
+        self.end = 0  # the end of what was read
+
+    @property
+    def held(self) -> int:
+        """Bytes read and not yet taken."""
+        return self.end - self.start
+
+    def target(self) -> int:
+        """Bytes to hold before decoding: ``_READ_BYTES``, or the first message whole when it is
+        larger (a loop turn that read 16 connections' 1 MB chunks sends one of 16 MB: reading
+        stopped short of its end stalled the worker for good)."""
+        with memoryview(self.buf) as view:
+            return max(_READ_BYTES, _wanted(view, self.start, self.end))
+
+    def read(self, fd: int, n: int) -> int:
+        """Read up to ``n`` (>= 1) bytes from ``fd``: how many (0 at EOF; ``BlockingIOError``
+        when none wait)."""
+        held = self.held
+        if self.end + n > len(self.buf):  # move what is held to the front, or grow
+            if held + n > len(self.buf):
+                grown = bytearray(held + n)
+                grown[:held] = self.buf[self.start : self.end]
+                self.buf = grown
+            else:
+                self.buf[:held] = self.buf[self.start : self.end]
+            self.start, self.end = 0, held
+        with memoryview(self.buf) as view:
+            got = os.readv(fd, [view[self.end : self.end + n]])
+        self.end += got
+        return got
+
+    def messages(self) -> list[Any]:
+        """The whole messages read so far (taken)."""
+        out: list[Any] = []
+        with memoryview(self.buf) as view:
+            self.start = _parse(view, self.start, self.end, out)
+        if self.start == self.end:
+            self.start = self.end = 0
+            if len(self.buf) > self.size:  # grown for one large message: not kept
+                self.buf = bytearray(self.size)
+        return out
 
 
 # ---- the proxy's side ------------------------------------------------------------------------
@@ -162,8 +262,12 @@ class RecorderProcess:
             **settings,
         }
         self._batch: list[tuple[Any, ...]] = []
+        self._skims: dict[int, FrameSkim] = {}  # per connection (``proxy.skim``)
+        self._skim_held = 0  # bytes of the frames they hold
         self._batch_bytes = 0  # chunk bytes in the batch (taken from the budget)
-        self._out: list[tuple[memoryview, int]] = []  # messages the pipe has not taken, their chunk bytes
+        #: segments of messages the pipe has not taken, each with the chunk bytes its message
+        #: held (on its last segment; 0 on the others)
+        self._out: deque[tuple[memoryview, int]] = deque()
         self._waiting = 0  # chunk bytes in the batch and in ``_out``
         #: the send scheduled: a timer, ``_NOW`` (at the end of this turn), or None
         self._send_due: Any = None
@@ -186,8 +290,40 @@ class RecorderProcess:
 
     def open(self, key: int, info: Any, ts_ns: int) -> None:
         self._batch.append((_OPEN, key, info, ts_ns))
+        self._skims[key] = FrameSkim(self._take, self._give)
+
+    def _take(self, nbytes: int) -> bool:
+        """Room for a frame ``FrameSkim`` would hold: within ``max_queue_bytes`` over all
+        connections (what the pipe's queue may hold: a slow client's large frame in progress
+        holds its share no longer than its connection lives) and the memory budget."""
+        if self._skim_held + nbytes > self.max_queue_bytes or not self.budget.take(nbytes, self._keep):
+            return False
+        self._skim_held += nbytes
+        return True
+
+    def _give(self, nbytes: int) -> None:
+        self._skim_held -= nbytes
+        self.budget.give(nbytes)
 
     def data(self, key: int, direction: int, data: bytes, ts_ns: int) -> None:
+        skim = self._skims.get(key)
+        items = None if skim is None else skim.feed(direction, data, ts_ns)
+        if items is None:
+            self._chunk(key, direction, data, ts_ns)
+        else:
+            self._send_items(key, direction, items)
+
+    def _send_items(self, key: int, direction: int, items: list[Any]) -> None:
+        for item in items:
+            if item[0] == "data":
+                self._chunk(key, direction, item[1], item[2])
+            else:
+                _, frame, size, start_ns, end_ns = item
+                self._batch.append((_SKELETON, key, direction, frame, size, start_ns, end_ns))
+                self.metrics.add("skimmed_frames")
+                self.metrics.add("skimmed_bytes", size - len(frame))
+
+    def _chunk(self, key: int, direction: int, data: Any, ts_ns: int) -> None:
         size = len(data)
         if (
             not self._dead
@@ -196,18 +332,33 @@ class RecorderProcess:
         ):
             self._waiting += size
             self._batch_bytes += size
-            self._batch.append((_DATA, key, direction, data if type(data) is bytes else bytes(data), ts_ns))
+            if type(data) is not bytes and not (type(data) is memoryview and type(data.obj) is bytes):
+                data = bytes(data)  # (a view of a buffer that may change before it is sent)
+            if size >= _OUT_OF_BAND:
+                data = pickle.PickleBuffer(data)
+            elif type(data) is not bytes:
+                data = bytes(data)
+            self._batch.append((_DATA, key, direction, data, ts_ns))
         else:
             self.metrics.add("dropped_bytes", size)
             self._batch.append((_GAP, key, direction, size, ts_ns))
 
     def gap(self, key: int, direction: int, nbytes: int, ts_ns: int) -> None:
+        self._end_skim(key)  # the streams can no longer be followed
         self._batch.append((_GAP, key, direction, nbytes, ts_ns))
+
+    def _end_skim(self, key: int) -> None:
+        """Stop skimming ``key``; what it held goes on as it came."""
+        skim = self._skims.pop(key, None)
+        if skim is not None:
+            for direction, items in enumerate(skim.close()):
+                self._send_items(key, direction, items)
 
     def injected(self, key: int, correlation_id: int) -> None:
         self._batch.append((_INJECTED, key, correlation_id))
 
     def close(self, key: int, ts_ns: int, end_reason: str, stats: dict[str, Any]) -> None:
+        self._end_skim(key)
         self._batch.append((_CLOSE, key, ts_ns, end_reason, stats))
         self.catch_up()
 
@@ -254,7 +405,7 @@ class RecorderProcess:
         os.set_blocking(to_worker, False)
         os.set_blocking(from_worker, False)
         self._to_worker, self._from_worker = to_worker, from_worker
-        self._out.append((memoryview(_frame(self._settings)), 0))
+        self._queue(_message(self._settings), 0)
         self._write()
         self._loop.add_reader(from_worker, self._read_reports)
         done, _ = await asyncio.wait(
@@ -276,29 +427,43 @@ class RecorderProcess:
             self._batch, self._batch_bytes = [], 0
             return
         others = self.budget.used - self._worker_held
-        message = _frame((others, self._batch))
-        self._out.append((memoryview(message), self._batch_bytes))
+        self._queue(_message((others, self._batch)), self._batch_bytes)
         self._batch, self._batch_bytes = [], 0
         self._write()
+
+    def _queue(self, segments: list[Any], chunk_bytes: int) -> None:
+        views = [memoryview(segment).cast("B") for segment in segments]
+        out = self._out
+        for view in views[:-1]:
+            out.append((view, 0))
+        out.append((views[-1], chunk_bytes))
 
     def _write(self) -> None:
         """Write what the pipe takes now; the rest when it is writable again."""
         out = self._out
         while out and not self._dead:
-            view, chunk_bytes = out[0]
+            segments = [segment for segment, _ in itertools.islice(out, _IOV_MAX)]
             try:
-                n = os.write(self._to_worker, view)
+                n = os.writev(self._to_worker, segments)
             except BlockingIOError:
                 break
             except OSError as exc:  # the worker is gone
                 self._worker_died(f"its pipe: {exc}")
                 break
-            if n < len(view):
-                out[0] = (view[n:], chunk_bytes)
+            full = n < sum(map(len, segments))
+            while out:
+                view, chunk_bytes = out[0]
+                if n < len(view):
+                    if n:
+                        out[0] = (view[n:], chunk_bytes)
+                    break
+                n -= len(view)
+                out.popleft()
+                if chunk_bytes:
+                    self._waiting -= chunk_bytes
+                    self.budget.give(chunk_bytes)
+            if full:
                 break
-            out.pop(0)
-            self._waiting -= chunk_bytes
-            self.budget.give(chunk_bytes)
         want = bool(out) and not self._dead
         if want != self._writer_on and self._loop is not None:
             self._writer_on = want
@@ -451,15 +616,12 @@ def _worker(read_fd: int, write_fd: int) -> int:
     from kwire.runtime import tune_gc
     from proxy.recorder import Recorder
 
-    buffer = bytearray()
-    while True:  # the settings come first
-        chunk = os.read(read_fd, 1 << 16)
-        if not chunk:
+    inbox = _Inbox()
+    messages: list[Any] = []
+    while not messages:  # the settings come first
+        if not inbox.read(read_fd, 1 << 16):
             return 0
-        buffer += chunk
-        messages = _frames(buffer)
-        if messages:
-            break
+        messages = inbox.messages()
     settings = messages.pop(0)
     out_dir = settings.pop("out_dir")
     budget = _BudgetView(settings.pop("budget_limit"))
@@ -480,23 +642,16 @@ def _worker(read_fd: int, write_fd: int) -> int:
         readable, _, _ = select.select([read_fd], [], [], 0 if busy else _REPORT_SECONDS)
         read = 0
         if readable:
-            # up to 8 MB at a time, and a message larger than that whole (a loop turn that read
-            # 16 connections' 1 MB chunks sends one of 16 MB: reading stopped short of its end
-            # stalled the worker for good)
-            want = _READ_BYTES
-            if len(buffer) >= 4:
-                want = max(want, 4 + _LENGTH.unpack_from(buffer)[0])
             try:
-                while len(buffer) < want:
-                    chunk = os.read(read_fd, 1 << 20)
-                    if not chunk:
+                while inbox.held < inbox.target():
+                    got = inbox.read(read_fd, inbox.target() - inbox.held)
+                    if not got:
                         eof = True
                         break
-                    buffer += chunk
-                    read += len(chunk)
+                    read += got
             except BlockingIOError:
                 pass
-            _feed(_frames(buffer), budget, calls)  # queued now; decoded in slices below
+            _feed(inbox.messages(), budget, calls)  # queued now; decoded in slices below
         recorder._process(_SLICE_SECONDS)
         recorder._maybe_flush()
         now = time.monotonic()
@@ -545,6 +700,7 @@ def item_calls(recorder: Any) -> dict[int, Any]:
         _GAP: recorder.gap,
         _INJECTED: recorder.injected,
         _CLOSE: recorder.close,
+        _SKELETON: recorder.skeleton,
     }
 
 

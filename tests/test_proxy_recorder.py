@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pickle
+import select
 import struct
 import subprocess
 import sys
@@ -375,3 +377,50 @@ def test_the_worker_stops_gathering_once_a_quarter_of_its_pipe_waits(monkeypatch
     finally:
         os.close(read_fd)
         os.close(write_fd)
+
+
+def _readable(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+def test_messages_cross_the_pipe_whole_and_large_chunks_are_never_copied_on_the_way_out() -> None:
+    """``_message`` leaves chunks of ``_OUT_OF_BAND`` bytes or more out of the pickle (its
+    segments are the chunks themselves); ``_Inbox`` takes messages back however the pipe cuts
+    them, growing for one larger than its buffer and letting that go after."""
+    from proxy import recorder_worker as w
+
+    big = bytes(range(256)) * 12_000  # 3 MB: larger than the inbox's buffer below
+    chunks: list[Any] = [b"", b"tiny", b"m" * 5000, big, memoryview(big)[100:70_000]]
+    items = [
+        (w._DATA, 7, 0, pickle.PickleBuffer(c) if len(c) >= w._OUT_OF_BAND else bytes(c), i)
+        for i, c in enumerate(chunks)
+    ]
+    messages = [(0, items[:2]), {"settings": 1}, (5, items[2:])]
+    segments = [w._message(m) for m in messages]
+
+    def root(buffer: Any) -> Any:
+        while isinstance(buffer, memoryview | pickle.PickleBuffer):
+            buffer = memoryview(buffer).obj if isinstance(buffer, pickle.PickleBuffer) else buffer.obj
+        return buffer
+
+    assert [root(s) for s in segments[2][2:]] == [chunks[2], big, big]
+    assert all(root(s) is c for s, c in zip(segments[2][2:], [chunks[2], big, big], strict=True))
+    wire = b"".join(bytes(memoryview(s)) for m in segments for s in m)
+    read_fd, write_fd = os.pipe()
+    got: list[Any] = []
+    inbox = w._Inbox(1 << 20)
+    try:
+        for at in range(0, len(wire), 1 << 16):
+            os.write(write_fd, wire[at : at + (1 << 16)])
+            while _readable(read_fd):
+                inbox.read(read_fd, min(max(inbox.target() - inbox.held, 1), 100_000))
+                got += inbox.messages()
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+    assert got == [
+        (0, [(w._DATA, 7, 0, bytes(c), i) for i, c in enumerate(chunks[:2])]),
+        {"settings": 1},
+        (5, [(w._DATA, 7, 0, bytes(c), i + 2) for i, c in enumerate(chunks[2:])]),
+    ]
+    assert (inbox.held, len(inbox.buf)) == (0, 1 << 20)
