@@ -7,7 +7,8 @@ copied). The recorder keeps them in a queue bounded in bytes and feeds them to o
 ``kwire.rows.ExchangeRows`` (the same code ``kwire decode`` uses, so rows look the same).
 
 Who runs it: ``kwire proxy`` runs it in a worker process of its own
-(``proxy.recorder_worker``: the forwarding loop only hands chunks over a pipe; in the proxy's
+(``proxy.recorder_worker``: the forwarding loop only hands chunks over a pipe, and large
+Produce requests and Fetch responses as their skeletons, ``Recorder.skeleton``; in the proxy's
 process, the writer's conversions held the GIL against the loop and decoding was 11% of it);
 ``kwire capture`` runs it in-process, fed from its capture-reading thread while the recorder
 task decodes on the loop, which is what the locks below are for.
