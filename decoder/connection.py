@@ -576,6 +576,11 @@ class KafkaConnection:
             return False
         return self._decode_skeleton(direction, frame, sum(len(part) for part in parts), start_ns, end_ns)
 
+    def _answered_by(self, corr: int) -> Any:
+        """The pending (or acks=0) request with correlation id ``corr``, None when there is none."""
+        entry = self._pending.get(corr)
+        return entry[1] if entry is not None else self._acks0.get(corr)
+
     def _frame_api(self, direction: int, head: Any) -> tuple[int, int] | None:
         """(api key, version) of the frame starting with ``head``: a request's own, a response's
         request's (None when no request awaits it)."""
@@ -583,8 +588,7 @@ class KafkaConnection:
             _size, api_key, api_version, _corr = _REQUEST_HEAD(head, 0)
             return api_key, api_version
         corr = _I32(head, 4)[0]
-        entry = self._pending.get(corr)
-        request = entry[1] if entry is not None else self._acks0.get(corr)
+        request = self._answered_by(corr)
         return None if request is None else (request.api_key, request.api_version)
 
     def _decode_skeleton(self, direction: int, frame: bytes, size: int, start_ns: int, end_ns: int) -> bool:
@@ -601,8 +605,7 @@ class KafkaConnection:
             self._add_request(dataclasses.replace(parsed, size=size), end_ns)
             return True
         corr = _I32(frame, 4)[0]
-        entry = self._pending.get(corr)
-        request = entry[1] if entry is not None else self._acks0.get(corr)
+        request = self._answered_by(corr)
         if request is None:
             return False
         response = self._decode_response(request, frame, 0, end, start_ns, end_ns)
@@ -830,8 +833,7 @@ class KafkaConnection:
 
     def _matched_response(self, buf: Any, at: int, end: int, corr: int, frame_end: int) -> tuple[int, int]:
         """Hunt verdict on a response to a pending (or acks=0) request, by decoding it as one."""
-        entry = self._pending.get(corr)
-        request = entry[1] if entry is not None else self._acks0.get(corr)
+        request = self._answered_by(corr)
         if request is None:
             return _REJECT, 0
         if frame_end > end:

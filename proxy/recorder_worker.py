@@ -122,20 +122,21 @@ _GATHER_STEP = 0.025
 _MIN_LAG_SECONDS = 1.0
 
 
-def _message(obj: Any) -> list[Any]:
+def _message(obj: Any) -> list[memoryview]:
     """``obj`` as one message: the segments to write, in order. Chunks wrapped in
     ``pickle.PickleBuffer`` go out of band, as segments of their own: never copied in this
     process (the kernel copies them into the pipe). A message is a head (``_HEAD``: its
     length, its pickle's length, how many chunks), each chunk's length, the pickle, the chunks.
     """
-    chunks: list[Any] = []
-    body = pickle.dumps(obj, protocol=5, buffer_callback=chunks.append)
-    sizes = [memoryview(chunk).nbytes for chunk in chunks]
+    buffers: list[pickle.PickleBuffer] = []
+    body = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    chunks = [buffer.raw() for buffer in buffers]
+    sizes = [len(chunk) for chunk in chunks]
     total = _HEAD.size + 4 * len(chunks) + len(body) + sum(sizes)
     head = _HEAD.pack(total, len(body), len(chunks))
     if chunks:
         head += struct.pack(f">{len(chunks)}I", *sizes)
-    return [head, body, *chunks]
+    return [memoryview(head), memoryview(body), *chunks]
 
 
 def _frame(obj: Any) -> bytes:
@@ -332,12 +333,12 @@ class RecorderProcess:
         ):
             self._waiting += size
             self._batch_bytes += size
-            if type(data) is not bytes and not (type(data) is memoryview and type(data.obj) is bytes):
-                data = bytes(data)  # (a view of a buffer that may change before it is sent)
+            if type(data) is not bytes and (
+                size < _OUT_OF_BAND or not (type(data) is memoryview and type(data.obj) is bytes)
+            ):
+                data = bytes(data)  # small (into the pickle), or a view of a buffer that may change
             if size >= _OUT_OF_BAND:
                 data = pickle.PickleBuffer(data)
-            elif type(data) is not bytes:
-                data = bytes(data)
             self._batch.append((_DATA, key, direction, data, ts_ns))
         else:
             self.metrics.add("dropped_bytes", size)
@@ -431,12 +432,11 @@ class RecorderProcess:
         self._batch, self._batch_bytes = [], 0
         self._write()
 
-    def _queue(self, segments: list[Any], chunk_bytes: int) -> None:
-        views = [memoryview(segment).cast("B") for segment in segments]
+    def _queue(self, segments: list[memoryview], chunk_bytes: int) -> None:
         out = self._out
-        for view in views[:-1]:
-            out.append((view, 0))
-        out.append((views[-1], chunk_bytes))
+        for segment in segments[:-1]:
+            out.append((segment, 0))
+        out.append((segments[-1], chunk_bytes))
 
     def _write(self) -> None:
         """Write what the pipe takes now; the rest when it is writable again."""

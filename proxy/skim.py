@@ -31,6 +31,8 @@ from collections.abc import Callable
 from typing import Any
 
 from decoder import protocol
+from decoder.connection import DEFAULT_FRAME_LIMIT
+from decoder.sasl import HANDSHAKE
 from decoder.skeleton import frame_skeleton, has_records
 
 __all__ = ["SKIM_MIN", "FrameSkim"]
@@ -40,8 +42,6 @@ __all__ = ["SKIM_MIN", "FrameSkim"]
 SKIM_MIN = 64 << 10
 #: Requests whose answers may carry records (Fetch) remembered at most, per connection.
 _AWAITED_MAX = 1024
-_FRAME_LIMIT = 100 << 20
-_SASL_HANDSHAKE = 17
 _REQUEST_HEAD = struct.Struct(">ihhi").unpack_from
 _RESPONSE_HEAD = struct.Struct(">ii").unpack_from
 _LENGTH = struct.Struct(">i").unpack_from
@@ -184,7 +184,7 @@ class FrameSkim:
                 self._first = False
                 if protocol.layout("request", api_key, api_version) is None:
                     return self._stop()
-            if length < 8 or length > _FRAME_LIMIT or api_key == _SASL_HANDSHAKE:
+            if length < 8 or length > DEFAULT_FRAME_LIMIT or api_key == HANDSHAKE:
                 return self._stop()
             if (
                 api_key in _ANSWER_KEYS
@@ -196,7 +196,7 @@ class FrameSkim:
                 api = (api_key, api_version)
         else:
             length, corr = _RESPONSE_HEAD(buf, pos)
-            if length < 4 or length > _FRAME_LIMIT:
+            if length < 4 or length > DEFAULT_FRAME_LIMIT:
                 return self._stop()
             if self._awaited:
                 api = self._awaited.pop(corr, None)
