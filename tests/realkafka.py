@@ -140,6 +140,34 @@ def kill_if_running(process: subprocess.Popen[bytes]) -> None:
         process.wait(10)
 
 
+def faulthandler_env() -> dict[str, str]:
+    """The environment for a Python process a test may have to explain: started with it, a hung
+    one shows each thread's stack on SIGABRT (``communicate_or_explain``)."""
+    return {**os.environ, "PYTHONFAULTHANDLER": "1"}
+
+
+def communicate_or_explain(process: subprocess.Popen[bytes], timeout: float) -> tuple[bytes, bytes]:
+    """``process.communicate(timeout)``; if it does not end in time, fails with what it was doing:
+    its processes (``ps``) and, when started with ``faulthandler_env()``, every thread's stack (SIGABRT)."""
+    try:
+        return process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    group = subprocess.run(
+        ["ps", "-o", "pid,stat,wchan:20,etime,args", "-g", str(os.getpgid(process.pid))],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    process.send_signal(signal.SIGABRT)
+    try:
+        err = process.communicate(timeout=10)[1]
+    except subprocess.TimeoutExpired:
+        err = b"(no stack: it did not end on SIGABRT either)"
+    stacks = err.decode(errors="replace")[-6000:]
+    raise AssertionError(f"still running after {timeout} s; its processes:\n{group}\nits stderr:\n{stacks}")
+
+
 def free_port(host: str = HOST) -> int:
     """Return a TCP port that is free on *host* right now (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -395,7 +395,7 @@ def test_stdin_fed_by_tcpdump_matches_a_capture_file(lab_broker: Any, tmp_path: 
 @pytest.mark.real
 def test_live_interface_and_ctrl_c(lab_broker: Any) -> None:
     """`kwire decode -i lo -f FILTER` prints live exchanges; Ctrl-C prints what is left and exits 130."""
-    from realkafka import kafka_python_scenario
+    from realkafka import communicate_or_explain, faulthandler_env, kafka_python_scenario
 
     _tcpdump_or_skip()
     bpf = f"host {lab_broker.host} and tcp port {lab_broker.port}"
@@ -417,6 +417,7 @@ def test_live_interface_and_ctrl_c(lab_broker: Any) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
+        env=faulthandler_env(),
     )
     try:
         time.sleep(2)  # tcpdump starting (no "listening" line reaches us: kwire keeps its stderr)
@@ -424,7 +425,7 @@ def test_live_interface_and_ctrl_c(lab_broker: Any) -> None:
         first = _first_line(process.stdout, timeout=20)
         assert first.startswith(b'{"api_name"')
         process.send_signal(signal.SIGINT)
-        out, err = process.communicate(timeout=30)
+        out, err = communicate_or_explain(process, 30)
     finally:
         kill_if_running(process)
     assert process.returncode == 130, err
