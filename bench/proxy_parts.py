@@ -1,7 +1,8 @@
 """Where ``kwire proxy``'s event loop spends its time per exchange, part by part, under issue 18's
 200-connection load.
 
-    python bench/proxy_parts.py [--variants bare,bare-busy,kwire,no-recorder,no-decode,no-metrics,no-rewrite,passthru]
+    python bench/proxy_parts.py [--variants bare,bare-busy,bare-polite,kwire,no-recorder,no-decode,no-writer,
+                                            no-metrics,no-rewrite,passthru]
                                 [--rounds 3] [--conns 200] [--rate 10] [--seconds 8] [--busy-duty 0.15]
 
 Each variant is ``kwire proxy`` (recording on, as in ``bench/proxy_overhead.py``) with one part
@@ -14,10 +15,13 @@ put the whole session path at a fifth of what it costs in place:
   recorder process runs, for ``--busy-duty`` of every 20 ms (its CPU in the ``worker us``
   column). It touches no memory and makes no system call: what any recorder that takes that much
   CPU beside the loop does to the tail, whatever its work;
+* ``bare-polite``: ``bare-busy`` whose spinner looks at the CPUs every 0.25 ms and sleeps 1 ms
+  while other tasks wait for one (``proxy.contention``: what the recorder process does);
 * ``kwire``: the proxy as it ships;
 * ``no-recorder``: chunks are not handed to the recorder process (which then idles);
 * ``no-decode``: the recorder process gets every chunk, as shipped, and drops it unread (its
   pipe and batching stay; its decoding, rows and writing go);
+* ``no-writer``: the recorder process decodes and makes rows and metrics, but writes no file;
 * ``no-metrics``: no counters, no per-request client-id counting;
 * ``no-rewrite``: responses are not rewritten (the load's raw clients never follow the
   addresses Metadata gives, so the load is unchanged);
@@ -55,7 +59,18 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from proxy_overhead import BenchPath, _stat_fields, cpu_seconds, many_connections  # noqa: E402
 
-VARIANTS = ("bare", "bare-busy", "kwire", "no-recorder", "no-decode", "no-metrics", "no-rewrite", "passthru")
+VARIANTS = (
+    "bare",
+    "bare-busy",
+    "bare-polite",
+    "kwire",
+    "no-recorder",
+    "no-decode",
+    "no-writer",
+    "no-metrics",
+    "no-rewrite",
+    "passthru",
+)
 
 
 def _patch(variant: str) -> None:
@@ -65,16 +80,26 @@ def _patch(variant: str) -> None:
     if variant in ("no-recorder", "passthru"):
         recorder_worker.RecorderProcess.data = lambda self, *args: None  # type: ignore[method-assign]
         recorder_worker.RecorderProcess.catch_up = lambda self: None  # type: ignore[method-assign]
-    if variant == "no-decode":
+    if variant in ("no-decode", "no-writer"):
+        flag = "--worker-" + variant
         popen = recorder_worker.subprocess.Popen
 
         def worker(command: Any, *args: Any, **kwargs: Any) -> Any:
-            # python -m proxy.recorder_worker FDS... -> this script's --worker-no-decode FDS...
+            # python -m proxy.recorder_worker FDS... -> this script's --worker-VARIANT FDS...
             if isinstance(command, list) and command[1:3] == ["-m", "proxy.recorder_worker"]:
-                command = [command[0], str(Path(__file__).resolve()), "--worker-no-decode", *command[3:]]
+                command = [command[0], str(Path(__file__).resolve()), flag, *command[3:]]
             return popen(command, *args, **kwargs)
 
         recorder_worker.subprocess.Popen = worker  # type: ignore[assignment]
+    if variant == "worker-no-writer":
+        from proxy import recorder
+
+        init = recorder.Recorder.__init__
+
+        def no_writer(self: Any, out_dir: Any, *args: Any, **kwargs: Any) -> None:
+            init(self, None, *args, **kwargs)
+
+        recorder.Recorder.__init__ = no_writer  # type: ignore[method-assign]
     if variant == "worker-no-decode":
         from proxy import recorder
 
@@ -117,16 +142,29 @@ class _Variant(BenchPath):
         return [sys.executable, str(Path(__file__).resolve()), "--launch", self.variant, "--"]
 
 
-def _spin(duty: float, seconds: float) -> int:
-    """The ``bare-busy`` neighbour: spin ``duty`` of every 20 ms under ``SCHED_IDLE``, then sleep."""
+def _spin(duty: float, seconds: float, polite: bool = False) -> int:
+    """The ``bare-busy`` neighbour: spin ``duty`` of every 20 ms under ``SCHED_IDLE``, then sleep.
+    ``polite`` (``bare-polite``): every ``_POLITE_EVERY`` of spinning, sleep 1 ms while other tasks
+    wait for a CPU (``proxy.contention``, as the recorder process does), without a budget."""
+    from proxy.contention import CpuContention
+
     os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    contention = CpuContention()
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         start = time.perf_counter()
         while time.perf_counter() - start < 0.02 * duty:
-            pass
+            stretch = time.perf_counter()
+            while time.perf_counter() - stretch < _POLITE_EVERY:
+                pass
+            if polite and contention.waiting():
+                time.sleep(0.001)
         time.sleep(0.02 * (1 - duty))
     return 0
+
+
+#: How long the ``bare-polite`` spinner spins between two looks at the CPUs.
+_POLITE_EVERY = 0.00025
 
 
 def measure(variant: str, workdir: Path, tag: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -135,8 +173,9 @@ def measure(variant: str, workdir: Path, tag: str, args: argparse.Namespace) -> 
     try:
         assert path.pid is not None
         many_connections(path.bootstrap, args.conns, args.rate, 2.0)  # warm-up, unmeasured
-        if variant == "bare-busy":
+        if variant in ("bare-busy", "bare-polite"):
             command = [sys.executable, str(Path(__file__).resolve()), "--spin", str(args.busy_duty)]
+            command += ["--polite"] if variant == "bare-polite" else []
             busy = subprocess.Popen([*command, str(args.seconds + 30)])
         loop0, all0 = _loop_seconds(path.pid), cpu_seconds(path.pid)
         busy0 = cpu_seconds(busy.pid) if busy else 0.0
@@ -171,13 +210,13 @@ HEADER = f"{'variant':<12} {'loop us':>9} {'worker us':>10} {'p50 ms':>8} {'p99 
 
 
 def main() -> int:
-    if len(sys.argv) > 1 and sys.argv[1] == "--worker-no-decode":
-        _patch("worker-no-decode")
+    if len(sys.argv) > 1 and sys.argv[1] in ("--worker-no-decode", "--worker-no-writer"):
+        _patch(sys.argv[1][2:])
         from proxy import recorder_worker
 
         return recorder_worker.main(sys.argv[2:])
     if len(sys.argv) > 3 and sys.argv[1] == "--spin":
-        return _spin(float(sys.argv[2]), float(sys.argv[3]))
+        return _spin(float(sys.argv[2]), float(sys.argv[-1]), "--polite" in sys.argv)
     if len(sys.argv) > 2 and sys.argv[1] == "--launch":
         _patch(sys.argv[2])
         from kwire.cli import app

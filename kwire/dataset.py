@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,11 @@ from kwire.schema import CONNECTIONS_SCHEMA, EXCHANGES_SCHEMA
 __all__ = ["DEFAULT_ROW_GROUP_ROWS", "DatasetWriter", "TableWriter"]
 
 DEFAULT_ROW_GROUP_ROWS = 64_000
+
+
+def _let_others_run() -> None:
+    """Between two conversions: let a thread waiting for the GIL (the proxy's loop) run."""
+    time.sleep(0)
 
 
 class TableWriter:
@@ -44,8 +50,10 @@ class TableWriter:
         row_group_rows: int,
         convert_rows: int | None = None,
         batch_rows: int | None = None,
+        pause: Callable[[], None] | None = None,
     ) -> None:
         self.root = root
+        self.pause = pause or _let_others_run
         self.convert_rows = convert_rows
         self.schema = schema
         self.file_schema = schema.remove(schema.get_field_index("date"))
@@ -108,7 +116,7 @@ class TableWriter:
         for start in range(0, len(rows), size):
             batches.append(record_batch(rows[start : start + size], self.file_schema, self._plan))
             if self.convert_rows:
-                time.sleep(0)  # let a thread waiting for the GIL (the proxy's loop) run
+                self.pause()
         return batches
 
     def roll(self) -> None:
@@ -135,17 +143,25 @@ class DatasetWriter:
         prefix: str | None = None,
         convert_rows: int | None = None,
         batch_rows: int | None = None,
+        pause: Callable[[], None] | None = None,
     ) -> None:
         """``batch_rows``: rows buffered as dicts before they are converted to Arrow (default: a
         row group); ``convert_rows``: of those, converted that many at a time (see
-        ``TableWriter``), for writers in a thread beside latency-sensitive work."""
+        ``TableWriter``), for writers in a thread beside latency-sensitive work, calling
+        ``pause`` in between (default: let a thread waiting for the GIL run)."""
         self.root = Path(root)
         prefix = prefix or f"part-{uuid.uuid4().hex[:12]}"
         self.exchanges = TableWriter(
-            self.root / "exchanges", EXCHANGES_SCHEMA, prefix, row_group_rows, convert_rows, batch_rows
+            self.root / "exchanges", EXCHANGES_SCHEMA, prefix, row_group_rows, convert_rows, batch_rows, pause
         )
         self.connections = TableWriter(
-            self.root / "connections", CONNECTIONS_SCHEMA, prefix, row_group_rows, convert_rows, batch_rows
+            self.root / "connections",
+            CONNECTIONS_SCHEMA,
+            prefix,
+            row_group_rows,
+            convert_rows,
+            batch_rows,
+            pause,
         )
 
     def roll(self) -> None:

@@ -119,6 +119,7 @@ _SCALARS = (
     "over_budget_bytes",
     "skimmed_frames",
     "skimmed_bytes",
+    "recorder_deferred_seconds",
     "rows_recorded",
     "rows_written",
     "files_rolled",
@@ -136,6 +137,7 @@ RECORDER_COUNTERS = (
     "over_budget_bytes",
     "rows_written",
     "files_rolled",
+    "recorder_deferred_seconds",
 )
 
 
@@ -294,6 +296,7 @@ class Metrics:
         self.over_budget_bytes = 0
         self.skimmed_frames = 0  # large record frames sent to the recorder as skeletons (proxy.skim)
         self.skimmed_bytes = 0  # their bytes left out (payloads that never crossed to the recorder)
+        self.recorder_deferred_seconds = 0.0  # the recorder process stepping aside (proxy.contention)
         self.rows_recorded = 0  # exchange rows made for the writer (written at the next roll)
         self.rows_written = 0
         self.files_rolled = 0
@@ -430,7 +433,7 @@ def render(snap: Snapshot) -> str:
         lines.append(f"# HELP {name} {help_}")
         lines.append(f"# TYPE {name} {kind}")
 
-    def scalar(name: str, kind: str, help_: str, value: int) -> None:
+    def scalar(name: str, kind: str, help_: str, value: float) -> None:
         family(name, kind, help_)
         lines.append(f"{name} {value}")
 
@@ -579,6 +582,12 @@ def render(snap: Snapshot) -> str:
         "counter",
         "Record payload bytes of those frames, never copied to the recorder.",
         scalars["skimmed_bytes"],
+    )
+    scalar(
+        "kwire_proxy_recorder_deferred_seconds_total",
+        "counter",
+        "Time the recorder process slept because other tasks waited for a CPU.",
+        scalars["recorder_deferred_seconds"],
     )
     scalar(
         "kwire_proxy_recorder_queue_bytes",

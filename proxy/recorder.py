@@ -51,6 +51,7 @@ import contextlib
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -147,8 +148,19 @@ class Recorder:
         budget: MemoryBudget | None = None,
         max_lag_seconds: float | None = None,
         convert_rows: int | None = _CONVERT_ROWS,
+        pause: Callable[[], None] | None = None,
+        pause_every: float = 0.0,
     ) -> None:
+        """``pause``: what decoding calls every ``pause_every`` seconds (if not 0), and the writer
+        thread between two conversions of ``convert_rows`` rows (``kwire.dataset.TableWriter``),
+        while decoding lags the traffic by less than half ``max_lag_seconds``: a recorder in a
+        process of its own steps aside there while others wait for a CPU."""
         self.metrics = metrics
+        self._pause = pause if pause_every > 0 else None
+        self._pause_every = pause_every
+        self._next_pause = 0.0  # monotonic: when decoding next calls pause
+        #: Decoding lags the traffic by half its bound or more (seen where it pauses): no pause.
+        self.lagging = False
         self.budget = budget or MemoryBudget(0)
         #: How far behind the traffic decoding may fall: once a chunk waited longer than this,
         #: new chunks are skipped (gaps) until the queue is worked off. It bounds what a
@@ -166,10 +178,15 @@ class Recorder:
         #: meanwhile waits for it); ``slice_seconds`` once it has fallen behind.
         self.turn_seconds = turn_seconds
         # rows converted a few at a time (``convert_rows``): the writer thread never holds the
-        # GIL for long; a recorder in a process of its own converts a row group at once
+        # GIL for long; a recorder in a process of its own converts more at once, and steps
+        # aside in between (``pause``)
         self.writer = (
             DatasetWriter(
-                out_dir, convert_rows=convert_rows, row_group_rows=_ROW_GROUP_ROWS, batch_rows=_BATCH_ROWS
+                out_dir,
+                convert_rows=convert_rows,
+                row_group_rows=_ROW_GROUP_ROWS,
+                batch_rows=_BATCH_ROWS,
+                pause=self._step_aside if self._pause is not None else None,
             )
             if out_dir is not None
             else None
@@ -315,7 +332,11 @@ class Recorder:
 
     def _process(self, budget: float | None) -> None:
         queue = self._queue
-        deadline = time.monotonic() + budget if budget is not None else None
+        now = time.monotonic()
+        deadline = now + budget if budget is not None else None
+        pause = self._pause
+        timed = deadline is not None or pause is not None
+        ts_ns = 0
         count = 0
         consumed = 0
         while queue:
@@ -363,8 +384,15 @@ class Recorder:
                     self.budget.give(conn.held[0] + conn.held[1])
             count += 1
             # checked often: a slice on the loop is short, and a chunk can take 100 us to decode
-            if deadline is not None and count % 2 == 0 and time.monotonic() > deadline:
-                break
+            if timed and count % 2 == 0:
+                now = time.monotonic()
+                if deadline is not None and now > deadline:
+                    break
+                if pause is not None and now > self._next_pause:
+                    if ts_ns:
+                        self.lagging = time.time_ns() - ts_ns >= self.max_lag_ns // 2
+                    self._step_aside()
+                    self._next_pause = time.monotonic() + self._pause_every
         with self._queue_lock:
             self._queued_bytes -= consumed
             self.metrics.recorder_queue_bytes = self._queued_bytes
@@ -564,3 +592,8 @@ class Recorder:
     @property
     def queued_items(self) -> int:
         return len(self._queue)
+
+    def _step_aside(self) -> None:
+        """``pause``, unless decoding lags."""
+        if not self.lagging and self._pause is not None:
+            self._pause()

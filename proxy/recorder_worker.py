@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.budget import MemoryBudget, release_free_memory
+from proxy.contention import CpuContention, Deferral
 from proxy.metrics import Metrics
 from proxy.skim import FrameSkim
 
@@ -80,6 +81,18 @@ _PIPE_BYTES = 1 << 20
 _REPORT_SECONDS = 0.1
 #: The worker's decoding slice between reads of its pipe.
 _SLICE_SECONDS = 0.02
+#: While other tasks wait for a CPU (``proxy.contention``), the worker sleeps ``_DEFER_STEP`` at
+#: a time: its ``Recorder`` looks between decoding stretches of ``_PAUSE_EVERY`` seconds, its
+#: writer thread between conversions of ``_DEFER_CONVERT_ROWS`` rows, unless decoding lags the
+#: traffic by half its lag bound or more. Both together give up about ``_DEFER_BURST`` seconds
+#: at most at once and ``_DEFER_SHARE`` of the time, and none for a while on a machine with no
+#: slack (``proxy.contention.Deferral``): the worker falls behind (and skips) no sooner than
+#: without, within the noise of ``tests/proxy_load.py``'s bulk loads (README, "Overhead").
+_DEFER_STEP = 0.001
+_DEFER_SHARE = 0.2
+_DEFER_BURST = 0.25
+_PAUSE_EVERY = 0.00025
+_DEFER_CONVERT_ROWS = 512
 #: How long ``stop`` waits for the worker to write its last files before it kills it.
 _STOP_SECONDS = 300.0
 _PR_SET_PDEATHSIG = 1
@@ -258,8 +271,9 @@ class RecorderProcess:
             "budget_limit": self.budget.limit,
             "max_lag_seconds": min(max(flush / 2, _MIN_LAG_SECONDS), 5.0),
             # no loop shares the worker's GIL: a row group converted at once costs half the CPU
-            # of 64 rows at a time (17 against 34 us a row, 20,000 rows of a real capture)
-            "convert_rows": None,
+            # of 64 rows at a time (17 against 34 us a row, 20,000 rows of a real capture); in
+            # pieces of _DEFER_CONVERT_ROWS, the writer can step aside between them
+            "convert_rows": _DEFER_CONVERT_ROWS,
             **settings,
         }
         self._batch: list[tuple[Any, ...]] = []
@@ -626,7 +640,15 @@ def _worker(read_fd: int, write_fd: int) -> int:
     out_dir = settings.pop("out_dir")
     budget = _BudgetView(settings.pop("budget_limit"))
     metrics = Metrics()
-    recorder = Recorder(out_dir, metrics, budget=budget, **settings)
+    deferral = Deferral(CpuContention(), _DEFER_STEP, _DEFER_SHARE, _DEFER_BURST)
+    recorder = Recorder(
+        out_dir,
+        metrics,
+        budget=budget,
+        pause=deferral.pause_while_waiting,
+        pause_every=_PAUSE_EVERY,
+        **settings,
+    )
     # as the kwire commands run (this process does not start through kwire.cli): on a
     # 200-connection load, replayed, the default collector cost a fifth of this process's CPU
     tune_gc()
@@ -653,6 +675,7 @@ def _worker(read_fd: int, write_fd: int) -> int:
                 pass
             _feed(inbox.messages(), budget, calls)  # queued now; decoded in slices below
         recorder._process(_SLICE_SECONDS)
+        metrics.recorder_deferred_seconds += deferral.take()
         recorder._maybe_flush()
         now = time.monotonic()
         if now - last_report >= _REPORT_SECONDS or (busy and not recorder.queued_items):

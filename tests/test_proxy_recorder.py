@@ -55,18 +55,19 @@ TOTAL_BYTES = sum(len(frame) for _, _, chunks in CONNECTIONS for _, frame in chu
 END_NS = 10**9
 
 
-def _expected_rows() -> int:
-    rows = 0
+def _direct_rows() -> list[dict[str, Any]]:
+    """The exchange rows of ``CONNECTIONS`` from a ``KafkaConnection`` fed directly."""
+    rows: list[dict[str, Any]] = []
     for _, info, chunks in CONNECTIONS:
         decoder, builder = KafkaConnection(), ExchangeRows(info)
         for ts, (direction, frame) in enumerate(chunks, 1):
             decoder.receive_data(direction, frame, ts * 1000)
         decoder.receive_close(END_NS, "closed")
-        rows += sum(builder.row(event) is not None for event in decoder.events())
+        rows += [row for row in map(builder.row, decoder.events()) if row is not None]
     return rows
 
 
-EXPECTED_ROWS = _expected_rows()
+EXPECTED_ROWS = len(_direct_rows())
 
 
 def _feed(recorder: Recorder, catch_up: bool, connections: int | None = None, base: int = 0) -> None:
@@ -95,6 +96,16 @@ def _close_and_write(recorder: Recorder, base: int = 0) -> None:
 
 def _table(root: Path, name: str) -> list[dict[str, Any]]:
     return ds.dataset(root / name, partitioning="hive").to_table().to_pylist()
+
+
+def _comparable(root: Path, table: str) -> list[list[tuple[str, str]]]:
+    """A written table's rows in a canonical order, without what differs between two writers
+    (their source name, their connection ids)."""
+    rows = [
+        sorted((k, repr(v)) for k, v in row.items() if k not in ("source", "connection_id"))
+        for row in _table(root, table)
+    ]
+    return sorted(rows)
 
 
 def test_the_capture_has_enough_exchanges() -> None:
@@ -213,18 +224,23 @@ def test_rows_handed_to_the_writer_between_rolls_are_published_and_counted_at_th
 def _through_worker(
     out: Path | None,
     metrics: Metrics,
-    base: int,
+    base: int | None,
     catch_up: bool = True,
     connections: list[tuple[int, ConnectionInfo, Chunks]] = CONNECTIONS,
+    started: Any = None,
     **options: Any,
 ) -> RecorderProcess:
     """``CONNECTIONS`` fed to a ``RecorderProcess`` on a loop, as the forwarding code would,
     their time counted from ``base`` (the worker skips chunks that lag too far behind the
-    clock); without ``catch_up`` nothing is sent before ``stop``."""
+    clock; None: from when the first is sent); without ``catch_up`` nothing is sent before
+    ``stop``. ``started()`` is called once the worker is ready, before the first chunk."""
 
-    async def run() -> RecorderProcess:
+    async def run(base: int | None) -> RecorderProcess:
         recorder = RecorderProcess(out, metrics, **options)
         await recorder.start()
+        if started is not None:
+            started()
+        base = time.time_ns() if base is None else base
         for key, info, chunks in connections:
             recorder.open(key, info, base)
             for ts, (direction, frame) in enumerate(chunks, 1):
@@ -237,7 +253,7 @@ def _through_worker(
         await recorder.stop()
         return recorder
 
-    return asyncio.run(run())
+    return asyncio.run(run(base))
 
 
 def test_the_worker_process_makes_the_rows_and_metrics_the_recorder_makes(tmp_path: Path) -> None:
@@ -250,14 +266,9 @@ def test_the_worker_process_makes_the_rows_and_metrics_the_recorder_makes(tmp_pa
     worker = _through_worker(tmp_path / "worker", metrics, base, flush_seconds=0.2)
     assert worker.rows_total == worker.rows_recorded == EXPECTED_ROWS
     assert metrics.rows_recorded == metrics.rows_written == EXPECTED_ROWS and metrics.files_rolled >= 1
-    drop = {"source", "connection_id"}
     for table in ("exchanges", "connections"):
-        made = [{k: v for k, v in row.items() if k not in drop} for row in _table(tmp_path / "worker", table)]
-        expected = [
-            {k: v for k, v in row.items() if k not in drop} for row in _table(tmp_path / "inline", table)
-        ]
-        key = lambda row: sorted((k, repr(v)) for k, v in row.items())  # noqa: E731
-        assert sorted(made, key=key) == sorted(expected, key=key), table
+        made, expected = (_comparable(tmp_path / name, table) for name in ("worker", "inline"))
+        assert made == expected and made, table
     # the metric deltas the worker shipped add up to what the same rows make in-process
     assert metrics.latency == inline.latency and metrics.errors == inline.errors
     assert metrics.latency_sum == pytest.approx(inline.latency_sum)
@@ -424,3 +435,77 @@ def test_messages_cross_the_pipe_whole_and_large_chunks_are_never_copied_on_the_
         (5, [(w._DATA, 7, 0, bytes(c), i + 2) for i, c in enumerate(chunks[2:])]),
     ]
     assert (inbox.held, len(inbox.buf)) == (0, 1 << 20)
+
+
+def test_decoding_steps_aside_between_stretches_and_makes_the_same_rows(tmp_path: Path) -> None:
+    """``pause``/``pause_every``: what the worker process gives its ``Recorder`` so that it can
+    step aside while other tasks wait for a CPU (``proxy.contention``). Called between decoding
+    stretches, it changes no row; and never while decoding lags by half its bound or more."""
+    base = time.time_ns()
+    pauses = []
+    paused = Recorder(tmp_path / "paused", Metrics(), pause=lambda: pauses.append(1), pause_every=1e-9)
+    plain = Recorder(tmp_path / "plain", Metrics())
+    for recorder in (paused, plain):
+        _feed(recorder, catch_up=False, base=base)
+        _close_and_write(recorder, base)
+    assert len(pauses) >= CHUNK_COUNT // 2 - 1  # every second item, at this stretch
+    for table in ("exchanges", "connections"):
+        paused_rows, plain_rows = (_comparable(tmp_path / name, table) for name in ("paused", "plain"))
+        assert paused_rows == plain_rows and paused_rows, table
+    late = []
+    lagging = Recorder(None, Metrics(), pause=lambda: late.append(1), pause_every=1e-9, max_lag_seconds=2)
+    _feed(lagging, catch_up=False, base=time.time_ns() - 1_000_000_000)  # 1 s behind: half the bound
+    lagging._process(None)
+    assert lagging.lagging and len(late) <= 1  # the first look may come before it knows
+
+
+def test_the_writer_steps_aside_between_conversions(tmp_path: Path) -> None:
+    from kwire.dataset import DatasetWriter
+
+    pauses = []
+    writer = DatasetWriter(tmp_path, convert_rows=16, batch_rows=64, pause=lambda: pauses.append(1))
+    rows = _direct_rows()
+    assert len(rows) == EXPECTED_ROWS >= 64
+    for row in rows:
+        writer.exchanges.append(row)
+    writer.close()
+    assert len(pauses) >= len(rows) // 64 * (64 // 16)
+    assert len(_table(tmp_path, "exchanges")) == len(rows)
+
+
+def test_the_worker_process_steps_aside_while_others_wait_and_still_records_everything(
+    tmp_path: Path,
+) -> None:
+    """One busy process more than the machine has CPUs, at normal priority: the worker sleeps
+    while they wait (counted in ``kwire_proxy_recorder_deferred_seconds_total``), within its
+    allowance, and records every row all the same."""
+    from proxy import recorder_worker
+    from proxy.contention import CpuContention
+
+    # for 3 s from when the worker is ready; at nice 19, so that the idle-class worker still gets
+    # a little CPU (about 6%) to look with, and sees them wait, well within its lag bound (5 s)
+    spin = "import os, time\nos.nice(19)\nend = time.monotonic() + 3\nwhile time.monotonic() < end: pass\n"
+    spinners: list[subprocess.Popen[bytes]] = []
+
+    def spinning() -> None:
+        spinners.extend(
+            subprocess.Popen([sys.executable, "-c", spin]) for _ in range(CpuContention().cpus + 1)
+        )
+        time.sleep(0.3)  # started (the loop is held: the chunks all come while they spin)
+
+    start = time.monotonic()
+    try:
+        metrics = Metrics()
+        worker = _through_worker(tmp_path, metrics, None, started=spinning)
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait(10)
+    assert worker.rows_total == worker.rows_recorded == EXPECTED_ROWS
+    assert len(_table(tmp_path, "exchanges")) == EXPECTED_ROWS and not metrics.gap_rows
+    assert metrics.recorder_deferred_seconds > 0
+    elapsed = time.monotonic() - start
+    assert (
+        metrics.recorder_deferred_seconds
+        <= recorder_worker._DEFER_BURST + recorder_worker._DEFER_SHARE * elapsed
+    )
