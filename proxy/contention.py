@@ -74,7 +74,7 @@ class Deferral:
     def __post_init__(self) -> None:
         self._allowance = self.burst
         self._filled = self.clock()
-        self._untaken = 0.0  # slept since the last take
+        self._untaken = 0.0  # given up since the last take
 
     def pause(self) -> bool:
         """Sleep one step if tasks wait for a CPU and the allowance has it; whether it slept."""
@@ -99,6 +99,6 @@ class Deferral:
             pass
 
     def take(self) -> float:
-        """Seconds slept since the last call."""
+        """Seconds given up (sleeps and the waits after them) since the last call."""
         taken, self._untaken = self._untaken, 0.0
         return taken

@@ -586,7 +586,8 @@ def render(snap: Snapshot) -> str:
     scalar(
         "kwire_proxy_recorder_deferred_seconds_total",
         "counter",
-        "Time the recorder process slept because other tasks waited for a CPU.",
+        "Time the recorder process gave up (its sleeps and the waits to run again after them) "
+        "because other tasks waited for a CPU.",
         scalars["recorder_deferred_seconds"],
     )
     scalar(
