@@ -17,8 +17,11 @@ what it carries, never by its address:
   and must be equal once every endpoint's host and port are blanked, with each far endpoint
   (node N at its broker address) shown to the client as the proxy's listener for N.
 * **Rows** (``compare_rows``, ``compare_connections``): the proxy's recorded exchanges and
-  connections against ``kwire decode`` of the near capture, keyed by (client port,
-  correlation id, api key) and by client port.
+  connections against ``kwire decode`` of the near capture, keyed by (connection,
+  correlation id, api key) and by connection. A connection is its client port, unless
+  ``same_connections`` names it: the kernel may give a client port to a new connection to
+  another listener (another 4-tuple), even while the first is open, so on a long run a port
+  alone does not name a connection.
 """
 
 from __future__ import annotations
@@ -43,8 +46,10 @@ __all__ = [
     "compare_connections",
     "compare_pair",
     "compare_rows",
+    "nearest_in_time",
     "pair_streams",
     "request_heads",
+    "same_connections",
     "unread_requests",
 ]
 
@@ -266,8 +271,8 @@ class RowsReport:
     decoded: int = 0
     compared: int = 0
     max_time_delta_us: int = 0
-    #: client-side rows the proxy never read (sent after it had ended the connection), by client port
-    unread: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    #: client-side rows the proxy never read (sent after it had ended the connection), by connection
+    unread: dict[Any, list[dict[str, Any]]] = field(default_factory=dict)
     statuses: Counter[str] = field(default_factory=Counter)
     problems: list[str] = field(default_factory=list)
 
@@ -276,6 +281,53 @@ def _micros(value: Any) -> int | None:
     if value is None:
         return None
     return int(value.timestamp() * 1_000_000) if hasattr(value, "timestamp") else int(value)
+
+
+def nearest_in_time(
+    left: Iterable[Any],
+    right: Iterable[Any],
+    left_key: Callable[[Any], tuple[Any, int]],
+    right_key: Callable[[Any], tuple[Any, int]] | None = None,
+) -> list[tuple[Any, Any]]:
+    """Pairs of a ``left`` and a ``right`` item of the same group: the keys give an item's
+    (group, time in µs) (``right_key`` defaults to ``left_key``), and each left item in time
+    order takes the right one of its group nearest in time. Items left over pair with nothing."""
+    right_key = right_key or left_key
+    groups: dict[Any, list[tuple[int, Any]]] = {}
+    for item in right:
+        group, at = right_key(item)
+        groups.setdefault(group, []).append((at, item))
+    pairs = []
+    for group, at, item in sorted(((*left_key(item), item) for item in left), key=lambda t: t[1]):
+        candidates = groups.get(group)
+        if candidates:
+            best = min(candidates, key=lambda candidate: abs(candidate[0] - at))
+            candidates.remove(best)
+            pairs.append((item, best[1]))
+    return pairs
+
+
+def same_connections(recorded: list[dict[str, Any]], decoded: list[dict[str, Any]]) -> dict[str, str]:
+    """The ``kwire decode`` connection id of each recorded connection id: the same client
+    port, the first packets nearest in time. For ``compare_rows`` and ``compare_connections``
+    (``recorded_as``)."""
+
+    pairs = nearest_in_time(
+        recorded, decoded, lambda c: (c["client_port"], _micros(c["first_packet_time"]) or 0)
+    )
+    return {mine["connection_id"]: other["connection_id"] for mine, other in pairs}
+
+
+def _connection_of(recorded_as: Mapping[str, str] | None) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """(recorded row -> connection, decoded row -> connection): client ports, or the decoded
+    connection ids when ``recorded_as`` maps recorded connection ids to them (a recorded
+    connection it lacks gets a name of its own)."""
+    if recorded_as is None:
+        return (lambda row: row["client_port"]), (lambda row: row["client_port"])
+    return (
+        lambda row: recorded_as.get(row["connection_id"], f"recorded {row['connection_id']}"),
+        lambda row: row["connection_id"],
+    )
 
 
 def unread_requests(sent: bytes | bytearray, read: int) -> set[tuple[int, int]]:
@@ -299,16 +351,18 @@ def compare_rows(
     decoded: list[dict[str, Any]],
     broker_of: Callable[[int], set[Address]],
     tolerance_us: int = 1_000_000,
-    unread: Mapping[int, set[tuple[int, int]]] | None = None,
+    unread: Mapping[Any, set[tuple[int, int]]] | None = None,
     skip_ports: Iterable[int] = (),
+    recorded_as: Mapping[str, str] | None = None,
 ) -> RowsReport:
     """Compare the proxy's exchange rows with ``kwire decode``'s rows of the near capture.
 
-    Rows pair by (client_port, correlation_id, api_key); every column not in
+    Rows pair by (connection, correlation_id, api_key), a connection being its client port or,
+    given ``recorded_as`` (``same_connections``), the decoded connection id; every column not in
     ``ROW_FIELDS_THAT_DIFFER`` must be equal, request and response times within
     ``tolerance_us``, and the recorded broker must be one the listener forwards to
     (``broker_of(listener port)``). A client-side row the proxy lacks is accepted only when
-    it is an unanswered request the proxy never read: ``unread`` maps a client port to the
+    it is an unanswered request the proxy never read: ``unread`` maps a connection to the
     (correlation id, api key) of the requests beyond the bytes the proxy read from that
     client (``unread_requests`` of the near stream and the recorded ``bytes_to_broker``); the
     proxy stops reading a connection once it has ended it (the broker reset it, or could not
@@ -317,13 +371,15 @@ def compare_rows(
     """
     report = RowsReport(recorded=len(recorded), decoded=len(decoded))
     skip = set(skip_ports)
+    connections = dict(zip(("recorded", "decoded"), _connection_of(recorded_as), strict=True))
 
     def keyed(rows: list[dict[str, Any]], side: str) -> dict[tuple[Any, ...], dict[str, Any]]:
         out: dict[tuple[Any, ...], dict[str, Any]] = {}
+        connection = connections[side]
         for row in rows:
             if row["client_port"] in skip:
                 continue
-            key = (row["client_port"], row["correlation_id"], row["api_key"])
+            key = (connection(row), row["correlation_id"], row["api_key"])
             if key in out:
                 report.problems.append(f"{side}: two rows for {key}")
             out[key] = row
@@ -332,9 +388,9 @@ def compare_rows(
     ours, theirs = keyed(recorded, "recorded"), keyed(decoded, "decoded")
     for key in sorted(theirs.keys() - ours.keys(), key=repr):
         row = theirs[key]
-        never_read = (unread or {}).get(row["client_port"], set())
+        never_read = (unread or {}).get(key[0], set())
         if (row["correlation_id"], row["api_key"]) in never_read and row["status"] == "unanswered":
-            report.unread.setdefault(row["client_port"], []).append(row)
+            report.unread.setdefault(key[0], []).append(row)
         else:
             report.problems.append(f"only in the client capture: {key} {row['api_name']} {row['status']}")
     for key in sorted(ours.keys() - theirs.keys(), key=repr):
@@ -385,10 +441,12 @@ CONNECTION_FIELDS = (
 def compare_connections(
     recorded: list[dict[str, Any]],
     decoded: list[dict[str, Any]],
-    unread: Mapping[int, list[dict[str, Any]]] | None = None,
+    unread: Mapping[Any, list[dict[str, Any]]] | None = None,
     tolerance_us: int = 1_000_000,
+    recorded_as: Mapping[str, str] | None = None,
 ) -> tuple[int, Counter[tuple[str, str]], list[str]]:
-    """The proxy's connection rows against ``kwire decode``'s, by client port: the columns of
+    """The proxy's connection rows against ``kwire decode``'s, by connection (client port, or
+    the decoded connection id given ``recorded_as`` as in ``compare_rows``): the columns of
     ``CONNECTION_FIELDS`` equal, the first packet within ``tolerance_us``. ``unread``
     (``RowsReport.unread``): requests the client sent after the proxy ended the connection,
     which the capture counts and the proxy cannot (their frames and bytes, and the client id
@@ -398,16 +456,17 @@ def compare_connections(
     """
     problems: list[str] = []
     ends: Counter[tuple[str, str]] = Counter()
-    theirs = {c["client_port"]: c for c in decoded}
+    my_connection, their_connection = _connection_of(recorded_as)
+    theirs = {their_connection(c): c for c in decoded}
     compared = 0
     for mine in recorded:
-        other = theirs.get(mine["client_port"])
+        other = theirs.get(my_connection(mine))
         if other is None:
             problems.append(f"connection from port {mine['client_port']} not in the capture")
             continue
         compared += 1
         ends[(mine["end_reason"], other["end_reason"])] += 1
-        late = (unread or {}).get(mine["client_port"], [])
+        late = (unread or {}).get(my_connection(mine), [])
         expected = dict(mine)
         if late:
             if mine["protocol"] == "other" and not mine["bytes_to_broker"] and not mine["bytes_to_client"]:

@@ -33,8 +33,10 @@ side (anything to or from the proxy's address) and the far side (the cluster's l
    equal once host and port are blanked, each far endpoint (node N at its broker address)
    shown to the client as the proxy's listener for N. A side may hold a prefix of the
    other's bytes only when a side was reset (the killed broker).
-4. **Recorded rows = ``kwire decode`` of the near capture.** Rows pair by (client port,
-   correlation id, api key); every column is equal (api, version, correlation id, client
+4. **Recorded rows = ``kwire decode`` of the near capture.** Rows pair by (connection,
+   correlation id, api key), a connection named by its client port and the time of its first
+   packet (``proxy_sides.same_connections``: the kernel may reuse a client port for a
+   connection to another listener); every column is equal (api, version, correlation id, client
    id, status, error codes, partition errors, sizes, topics, metadata brokers and
    partitions, coordinators, ...) except those in ``proxy_sides.ROW_FIELDS_THAT_DIFFER``:
    source, connection id, client ip, broker ip/port (the recorded broker must be one the
@@ -70,8 +72,10 @@ from proxy_sides import (
     compare_connections,
     compare_pair,
     compare_rows,
+    nearest_in_time,
     pair_streams,
     request_heads,
+    same_connections,
     unread_requests,
 )
 from realkafka import Tcpdump, tcpdump_available
@@ -203,6 +207,27 @@ class ProxiedRun:
     @cached_property
     def decoded_connections(self) -> list[dict[str, Any]]:
         return self.table(self.decoded_dir, "connections")
+
+    @cached_property
+    def decoded_id(self) -> dict[int, str]:
+        """The decoded connection id of each near stream, by ``id(stream)``: the same client
+        and listener ports, the first packets nearest in time. A client port alone does not
+        name a connection: the kernel gives one to a new connection to another listener."""
+        pairs = nearest_in_time(
+            self.near,
+            self.decoded_connections,
+            lambda s: ((s.client[1], s.server[1]), s.opened_ns // 1000),
+            lambda c: ((c["client_port"], c["broker_port"]), int(c["first_packet_time"].timestamp() * US)),
+        )
+        return {id(stream): connection["connection_id"] for stream, connection in pairs}
+
+    @cached_property
+    def recorded_as(self) -> dict[str, str]:
+        """The decoded connection id of each recorded connection id (``same_connections``),
+        among the connections the proxy accepted."""
+        refused = {self.decoded_id[id(s)] for s in self.refused}
+        accepted = [c for c in self.decoded_connections if c["connection_id"] not in refused]
+        return same_connections(self.recorded_connections, accepted)
 
     def at(self, kind: str) -> int:
         """Time of a timeline mark, µs."""
@@ -405,8 +430,9 @@ def test_clients_stay_on_the_proxy(proxied: ProxiedRun) -> None:
     assert run.truth["capture_dropped"] == 0 and run.near_dropped == 0
     # near side: clients only ever connected to proxy listeners ...
     assert run.near and all(run.routes(s.server) for s in run.near), {s.server for s in run.near}
-    ports = Counter(s.client[1] for s in run.near)
-    assert max(ports.values()) == 1, "a client port was used twice: rows and pairs are keyed by it"
+    # every near stream is one connection of the decoded capture, and every recorded one too
+    assert len(set(run.decoded_id.values())) == len(run.near) == len(run.decoded_connections)
+    assert len(set(run.recorded_as.values())) == len(run.recorded_connections)
     # ... and were only ever told proxy addresses
     told = Counter()
     for row in run.decoded:
@@ -466,8 +492,11 @@ def test_clients_stay_on_the_proxy(proxied: ProxiedRun) -> None:
     assert not storm, storm
     assert len(pairs) == len(run.recorded_connections)
     # each pair's far side is the broker the proxy says it forwarded that client to
-    recorded_broker = {c["client_port"]: (c["broker_ip"], c["broker_port"]) for c in run.recorded_connections}
-    assert all(recorded_broker[p.near.client[1]] == p.far.server for p in pairs)
+    recorded_broker = {
+        run.recorded_as[c["connection_id"]]: (c["broker_ip"], c["broker_port"])
+        for c in run.recorded_connections
+    }
+    assert all(recorded_broker[run.decoded_id[id(p.near)]] == p.far.server for p in pairs)
     listeners = Counter(p.near.server[1] for p in pairs)
     assert set(listeners) == {LISTEN_PORT, *(NODE_PORT_BASE + n for n in run.brokers)}, listeners
     _report(
@@ -583,24 +612,31 @@ def test_recorded_rows_equal_kwire_decode_of_the_client_side(proxied: ProxiedRun
     run = proxied
     damaged = {s.client[1] for s in run.near if s.gap_bytes}
     assert not damaged
-    read = {c["client_port"]: c["bytes_to_broker"] for c in run.recorded_connections}
-    unread = {s.client[1]: unread_requests(s.data[0], read.get(s.client[1], 0)) for s in run.near}
+    read = {run.recorded_as[c["connection_id"]]: c["bytes_to_broker"] for c in run.recorded_connections}
+    unread = {}
+    for stream in run.near:
+        connection = run.decoded_id[id(stream)]
+        unread[connection] = unread_requests(stream.data[0], read.get(connection, 0))
     report = compare_rows(
-        run.recorded, run.decoded, lambda port: run.routes((run.proxy_host, port)), unread=unread
+        run.recorded,
+        run.decoded,
+        lambda port: run.routes((run.proxy_host, port)),
+        unread=unread,
+        recorded_as=run.recorded_as,
     )
     assert not report.problems, report.problems[:20]
     assert report.compared == len(run.recorded) and report.compared > 1000
     assert {r["client_id"] for r in run.recorded} >= run.client_ids
     assert not any(r["injected"] for r in run.recorded)  # no fault rules: the broker answered every one
-    refused = {s.client[1] for s in run.refused}  # never accepted: the proxy has no row for them
-    decoded_connections = [c for c in run.decoded_connections if c["client_port"] not in refused]
+    refused = {run.decoded_id[id(s)] for s in run.refused}  # never accepted: the proxy has no row for them
+    decoded_connections = [c for c in run.decoded_connections if c["connection_id"] not in refused]
     assert all(
         c["bytes_to_broker"] == c["bytes_to_client"] == 0
         for c in run.decoded_connections
-        if c["client_port"] in refused
+        if c["connection_id"] in refused
     )
     connections, ends, problems = compare_connections(
-        run.recorded_connections, decoded_connections, report.unread
+        run.recorded_connections, decoded_connections, report.unread, recorded_as=run.recorded_as
     )
     assert not problems, problems[:20]
     _report(

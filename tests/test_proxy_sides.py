@@ -9,7 +9,14 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from proxy_sides import compare_connections, compare_pair, compare_rows, pair_streams, unread_requests
+from proxy_sides import (
+    compare_connections,
+    compare_pair,
+    compare_rows,
+    pair_streams,
+    same_connections,
+    unread_requests,
+)
 
 from decoder import message_codec as mc
 from decoder import protocol
@@ -157,3 +164,38 @@ def test_a_connection_the_proxy_ended_before_reading_a_byte_is_its_late_requests
     # what the capture shows must still match: a request more is a problem
     decoded = decoded | {"frames_to_broker": 2}
     assert compare_connections([recorded], [decoded], {5: late})[2]
+
+
+def test_a_client_port_used_by_two_connections_is_two_connections() -> None:
+    """The kernel gave port 5 to a producer and, 1.1 s later, to a consumer going to another
+    listener (the CI run that found it): by port alone their rows and counts collide; by
+    ``same_connections`` each recorded connection meets its own in the capture."""
+    recorded = [
+        _connection(
+            connection_id="p-2", first_packet_time=2_100_000, client_id="consumer", bytes_to_broker=9
+        ),
+        _connection(
+            connection_id="p-1", first_packet_time=1_000_000, client_id="producer", bytes_to_broker=7
+        ),
+    ]
+    decoded = [
+        _connection(
+            connection_id="d-1", first_packet_time=1_000_400, client_id="producer", bytes_to_broker=7
+        ),
+        _connection(
+            connection_id="d-2", first_packet_time=2_100_300, client_id="consumer", bytes_to_broker=9
+        ),
+    ]
+    assert compare_connections(recorded, decoded)[2]  # by port: one of them meets the other's counts
+    recorded_as = same_connections(recorded, decoded)
+    assert recorded_as == {"p-1": "d-1", "p-2": "d-2"}
+    assert compare_connections(recorded, decoded, recorded_as=recorded_as)[::2] == (2, [])
+    routes = lambda port: {BROKER}  # noqa: E731
+    mine = [row(5, 1, connection_id="p-1"), row(5, 1, connection_id="p-2", api_key=1, api_name="Fetch")]
+    theirs = [row(5, 1, connection_id="d-1"), row(5, 1, connection_id="d-2", api_key=1, api_name="Fetch")]
+    assert compare_rows(mine, theirs, routes, recorded_as=recorded_as).compared == 2
+    # the same correlation id and api on both: by port they are "two rows for" one key
+    twins = [row(5, 1, connection_id="p-1"), row(5, 1, connection_id="p-2")]
+    assert any("two rows for" in p for p in compare_rows(twins, twins, routes).problems)
+    swapped = [row(5, 1, connection_id="d-2"), row(5, 1, connection_id="d-1", api_key=1, api_name="Fetch")]
+    assert compare_rows(mine, swapped, routes, recorded_as=recorded_as).problems
