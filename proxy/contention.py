@@ -72,6 +72,8 @@ class Deferral:
     back_off: float = 1.0
 
     def __post_init__(self) -> None:
+        # Two threads pause from one Deferral (the recorder's decoding and its writer), without a
+        # lock: a lost update of the allowance is one pause's worth, which no bound here minds.
         self._allowance = self.burst
         self._filled = self.clock()
         self._untaken = 0.0  # given up since the last take
