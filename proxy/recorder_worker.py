@@ -60,6 +60,7 @@ import sys
 import termios
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,12 +83,13 @@ _REPORT_SECONDS = 0.1
 #: The worker's decoding slice between reads of its pipe.
 _SLICE_SECONDS = 0.02
 #: While other tasks wait for a CPU (``proxy.contention``), the worker sleeps ``_DEFER_STEP`` at
-#: a time: its ``Recorder`` looks between decoding stretches of ``_PAUSE_EVERY`` seconds, its
-#: writer thread between conversions of ``_DEFER_CONVERT_ROWS`` rows, unless decoding lags the
-#: traffic by half its lag bound or more. Both together give up about ``_DEFER_BURST`` seconds
-#: at most at once and ``_DEFER_SHARE`` of the time, and none for a while on a machine with no
-#: slack (``proxy.contention.Deferral``): the worker falls behind (and skips) no sooner than
-#: without, within the noise of ``tests/proxy_load.py``'s bulk loads (README, "Overhead").
+#: a time: its ``Recorder`` looks between decoding stretches of ``_PAUSE_EVERY`` seconds (and
+#: between the batches fed to it, as often), its writer thread between conversions of
+#: ``_DEFER_CONVERT_ROWS`` rows, unless decoding lags the traffic by half its lag bound or more.
+#: Both together give up about ``_DEFER_BURST`` seconds at most at once and ``_DEFER_SHARE`` of
+#: the time, and none for a while on a machine with no slack (``proxy.contention.Deferral``): the
+#: worker falls behind (and skips) no sooner than without, within the noise of
+#: ``tests/proxy_load.py``'s bulk loads (README, "Overhead").
 _DEFER_STEP = 0.001
 _DEFER_SHARE = 0.2
 _DEFER_BURST = 0.25
@@ -673,7 +675,8 @@ def _worker(read_fd: int, write_fd: int) -> int:
                     read += got
             except BlockingIOError:
                 pass
-            _feed(inbox.messages(), budget, calls)  # queued now; decoded in slices below
+            # queued now, decoded in slices below; feeding a read's batches takes milliseconds
+            _feed(inbox.messages(), budget, calls, recorder.pause_if_due)
         recorder._process(_SLICE_SECONDS)
         metrics.recorder_deferred_seconds += deferral.take()
         recorder._maybe_flush()
@@ -727,11 +730,19 @@ def item_calls(recorder: Any) -> dict[int, Any]:
     }
 
 
-def _feed(messages: list[Any], budget: _BudgetView, calls: dict[int, Any]) -> None:
+def _feed(
+    messages: list[Any],
+    budget: _BudgetView,
+    calls: dict[int, Any],
+    between: Callable[[], None] | None = None,
+) -> None:
+    """Each message's items to the ``Recorder``, calling ``between`` after each message."""
     for others, items in messages:
         budget.others = others
         for item in items:
             calls[item[0]](*item[1:])
+        if between is not None:
+            between()
 
 
 def _report(fd: int, recorder: Any, budget: MemoryBudget, metrics: Metrics) -> None:

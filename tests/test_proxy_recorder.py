@@ -459,6 +459,22 @@ def test_decoding_steps_aside_between_stretches_and_makes_the_same_rows(tmp_path
     assert lagging.lagging and len(late) <= 1  # the first look may come before it knows
 
 
+def test_feeding_steps_aside_when_due(tmp_path: Path) -> None:
+    """``pause_if_due``: what the worker calls between the batches it feeds, so that a read's
+    worth of them is not one stretch without a look at the CPUs. Due every ``pause_every``, and
+    never while decoding lags."""
+    pauses = []
+    recorder = Recorder(None, Metrics(), pause=lambda: pauses.append(1), pause_every=3600)
+    recorder.pause_if_due()
+    recorder.pause_if_due()  # due again in an hour
+    assert pauses == [1]
+    recorder.lagging = True
+    recorder._next_pause = 0.0
+    recorder.pause_if_due()
+    assert pauses == [1]
+    Recorder(None, Metrics()).pause_if_due()  # no pause given: nothing to call
+
+
 def test_the_writer_steps_aside_between_conversions(tmp_path: Path) -> None:
     from kwire.dataset import DatasetWriter
 
