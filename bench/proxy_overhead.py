@@ -491,6 +491,9 @@ def many_table(results: dict[str, dict[str, Any]]) -> None:
             f" added {q} {added[q]:.2f} vs {bare_added[q]:.2f} ms ({ratio(added[q], bare_added[q])})"
             for q in ("p50", "p99")
         )
+        # the whole p99 too: a bare forwarder's added p99 can be near nothing (0.04 ms), and a
+        # ratio to it then says little
+        line += f"; p99 {r['many_p99_ms']:.2f} vs {b['many_p99_ms']:.2f} ms ({r['many_p99_ms'] / max(b['many_p99_ms'], 1e-6):.1f}x)"
         if "socat" in results and results["socat"].get("proxy_cpu_ms_per_mb"):
             line += (
                 f"; CPU ms/MB {r['proxy_cpu_ms_per_mb']:.2f} vs socat {results['socat']['proxy_cpu_ms_per_mb']:.2f} "
