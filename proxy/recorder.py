@@ -391,8 +391,7 @@ class Recorder:
                 if pause is not None and now > self._next_pause:
                     if ts_ns:
                         self.lagging = time.time_ns() - ts_ns >= self.max_lag_ns // 2
-                    self._step_aside()
-                    self._next_pause = time.monotonic() + self._pause_every
+                    self._pause_now()
         with self._queue_lock:
             self._queued_bytes -= consumed
             self.metrics.recorder_queue_bytes = self._queued_bytes
@@ -598,8 +597,12 @@ class Recorder:
         worker process feeds a quarter second of a 200-connection load in milliseconds, and a
         stretch without a look at the CPUs raised the loop's p99 (``bench/proxy_parts.py``)."""
         if self._pause is not None and time.monotonic() > self._next_pause:
-            self._step_aside()
-            self._next_pause = time.monotonic() + self._pause_every
+            self._pause_now()
+
+    def _pause_now(self) -> None:
+        """Step aside, and look again ``pause_every`` seconds after."""
+        self._step_aside()
+        self._next_pause = time.monotonic() + self._pause_every
 
     def _step_aside(self) -> None:
         """``pause``, unless decoding lags."""

@@ -277,7 +277,8 @@ class RowsReport:
     problems: list[str] = field(default_factory=list)
 
 
-def _micros(value: Any) -> int | None:
+def micros(value: Any) -> int | None:
+    """A timestamp (a ``datetime`` or an integer of µs) as µs since the epoch; None stays None."""
     if value is None:
         return None
     return int(value.timestamp() * 1_000_000) if hasattr(value, "timestamp") else int(value)
@@ -313,7 +314,7 @@ def same_connections(recorded: list[dict[str, Any]], decoded: list[dict[str, Any
     (``recorded_as``)."""
 
     pairs = nearest_in_time(
-        recorded, decoded, lambda c: (c["client_port"], _micros(c["first_packet_time"]) or 0)
+        recorded, decoded, lambda c: (c["client_port"], micros(c["first_packet_time"]) or 0)
     )
     return {mine["connection_id"]: other["connection_id"] for mine, other in pairs}
 
@@ -408,7 +409,7 @@ def compare_rows(
                 f"{key}: " + ", ".join(f"{c}={mine.get(c)!r} vs {other.get(c)!r}" for c in differ[:4])
             )
         for column in ("request_time", "response_time"):
-            a, b = _micros(mine.get(column)), _micros(other.get(column))
+            a, b = micros(mine.get(column)), micros(other.get(column))
             if (a is None) != (b is None):
                 report.problems.append(f"{key}: {column} {a} vs {b}")
             elif a is not None and b is not None:
@@ -483,7 +484,7 @@ def compare_connections(
                 f"connection {mine['client_port']}: "
                 + ", ".join(f"{c}={mine.get(c)!r} vs {other.get(c)!r}" for c in differ)
             )
-        delta = abs(_micros(mine["first_packet_time"]) - _micros(other["first_packet_time"]))
+        delta = abs(micros(mine["first_packet_time"]) - micros(other["first_packet_time"]))
         if delta > tolerance_us:
             problems.append(f"connection {mine['client_port']}: first packet {delta} µs apart")
     if len(decoded) != compared:

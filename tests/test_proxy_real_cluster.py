@@ -72,6 +72,7 @@ from proxy_sides import (
     compare_connections,
     compare_pair,
     compare_rows,
+    micros,
     nearest_in_time,
     pair_streams,
     request_heads,
@@ -217,7 +218,7 @@ class ProxiedRun:
             self.near,
             self.decoded_connections,
             lambda s: ((s.client[1], s.server[1]), s.opened_ns // 1000),
-            lambda c: ((c["client_port"], c["broker_port"]), int(c["first_packet_time"].timestamp() * US)),
+            lambda c: ((c["client_port"], c["broker_port"]), micros(c["first_packet_time"])),
         )
         return {id(stream): connection["connection_id"] for stream, connection in pairs}
 
@@ -547,7 +548,7 @@ def test_producers_keep_delivering_through_the_failover(proxied: ProxiedRun) -> 
     ]
     # (until the killed process was reaped and its connections reset)
     assert frozen and all(
-        run.at("broker_paused") - 2 * US <= _micros(r["request_time"]) <= run.at("broker_restarting")
+        run.at("broker_paused") - 2 * US <= micros(r["request_time"]) <= run.at("broker_restarting")
         for r in frozen
     )
     errors = Counter(
@@ -569,16 +570,12 @@ def _produced_through(run: ProxiedRun, partition: int, node: int, since: int, un
     for row in run.decoded:
         if row["api_name"] != "Produce" or row["broker_port"] != NODE_PORT_BASE + node:
             continue
-        sent = _micros(row["request_time"])
+        sent = micros(row["request_time"])
         if sent < since or (until is not None and sent > until):
             continue
         if any(p["partition"] == partition and p["error_code"] == 0 for p in row["partition_errors"] or ()):
             return True
     return False
-
-
-def _micros(value: Any) -> int:
-    return int(value.timestamp() * US) if hasattr(value, "timestamp") else int(value)
 
 
 def test_forwarding_is_byte_exact_except_rewritten_addresses(proxied: ProxiedRun) -> None:
