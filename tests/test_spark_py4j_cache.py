@@ -44,9 +44,9 @@ def test_static_lookups_are_remembered_and_still_work(spark) -> None:  # noqa: F
     F.col("warm")  # the first look-ups of functions and col
     with _Counting(client) as again:
         F.col("b")
-    # without the cache, on a fresh session: 13 commands, 7 of them look-ups (SparkSession,
-    # getActiveSession, PySparkCurrentOrigin, set, clear, functions, col); with it only the calls
-    # (6 there; fewer after other tests changed the session's state, so not counted exactly)
+    # without the cache, on a fresh session with PySpark's DataFrame debugging on: 13 commands,
+    # 7 of them look-ups (SparkSession, getActiveSession, PySparkCurrentOrigin, set, clear,
+    # functions, col); with it only the calls (the next test counts them with debugging off)
     assert again.sent >= 1
     assert again.lookups == 0
     jvm = spark.sparkContext._jvm
@@ -94,3 +94,15 @@ def test_another_gateway_client_is_not_given_remembered_answers(spark) -> None: 
     finally:
         functions._gateway_client = other.real
     assert other.asked == 1  # looked up through the other client, not answered from memory
+
+
+def test_a_column_is_one_call_into_the_jvm(spark) -> None:  # noqa: F811
+    """``build_session`` turns PySpark's DataFrame debugging off: with it on, every ``F.*`` call
+    also fetched a setting and set and cleared the Python call site in the JVM (3-4 more
+    commands, and a stack walk)."""
+    client = spark.sparkContext._gateway._gateway_client
+    F.col("warm")
+    with _Counting(client) as counted:
+        F.col("b")
+    assert (counted.sent, counted.lookups) == (1, 0)
+    assert spark.conf.get("spark.python.sql.dataFrameDebugging.enabled") == "false"

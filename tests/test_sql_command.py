@@ -160,6 +160,36 @@ def test_cold_process_bad_query_has_one_stderr_line(dataset):
     ), done.stderr
 
 
+def test_cold_process_imports_no_pandas(dataset):
+    """PySpark's numpy probe imports pandas (0.55 s of a cold run) unless ``numpy_probe`` is
+    installed: a cold query answers with neither pandas nor ``pyspark.testing`` loaded."""
+    code = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('loaded:', sorted(m for m in ('pandas', 'pyspark.testing.utils')"
+        " if m in sys.modules), file=sys.stderr))\n"
+        "from kwire.cli import run\n"
+        f"sys.exit(run(['sql', {str(dataset)!r}, 'SELECT count(*) AS n FROM exchanges', '--local', '-T', 'csv']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["n", str(pq.read_table(dataset / "exchanges").num_rows)]
+    assert "loaded: []" in done.stderr.splitlines(), done.stderr
+
+
+def test_numpy_probe_answers_as_pyspark_does():
+    import numpy as np
+    from pyspark.sql import types
+
+    from spark_jobs import numpy_probe
+
+    numpy_probe.install()
+    array, scalar = types.NumpyArrayConverter(), types.NumpyScalarConverter()
+    assert array.can_convert(np.array([1, 2])) and not array.can_convert(np.ones((2, 2)))
+    assert scalar.can_convert(np.int64(3)) and scalar.can_convert(np.float32(1.5))
+    for other in ([1, 2], 3, "x", None, b"\x00"):
+        assert not array.can_convert(other) and not scalar.can_convert(other)
+
+
 def _free_port() -> int:
     import socket
 
