@@ -154,8 +154,13 @@ class ProxiedRun:
 
     @cached_property
     def refused(self) -> list[CapturedStream]:
-        """Near connections the proxy refused: no byte either way, reset (a closed listener)."""
-        return [s for s in self.near if not s.data[0] and not s.data[1] and s.how == "rst"]
+        """Near connections the proxy refused: reset, no byte from the proxy (a closed listener).
+        The client may have written first: a connection still in the listener's backlog when the
+        proxy closes it has finished its handshake in the kernel, and the client's request (a
+        knock came 0.7 ms after the proxy's first refusal, in CI) is reset unread. The proxy
+        never accepted it, so it has no row. An accepted connection whose broker refuses it is
+        ended with a FIN, and recorded."""
+        return [s for s in self.near if not s.data[1] and s.how == "rst"]
 
     @cached_property
     def accepted(self) -> list[CapturedStream]:
@@ -459,7 +464,7 @@ def test_clients_stay_on_the_proxy(proxied: ProxiedRun) -> None:
         else:
             unknown.append(stream)
     assert not unknown, [(s.client, s.server, _client_ids(s)) for s in unknown]
-    # near connections the proxy refused (no byte, reset): its listener for the killed broker
+    # near connections the proxy refused (reset, no byte from it): its listener for the killed broker
     # was closed while that broker refused connections (proxy.server: upstream_refused)
     refused, accepted = run.refused, run.accepted
     pairs, lonely_near, lonely_far = pair_streams(accepted, [*clients, *empty], run.routes)
@@ -627,11 +632,7 @@ def test_recorded_rows_equal_kwire_decode_of_the_client_side(proxied: ProxiedRun
     assert not any(r["injected"] for r in run.recorded)  # no fault rules: the broker answered every one
     refused = {run.decoded_id[id(s)] for s in run.refused}  # never accepted: the proxy has no row for them
     decoded_connections = [c for c in run.decoded_connections if c["connection_id"] not in refused]
-    assert all(
-        c["bytes_to_broker"] == c["bytes_to_client"] == 0
-        for c in run.decoded_connections
-        if c["connection_id"] in refused
-    )
+    assert all(c["bytes_to_client"] == 0 for c in run.decoded_connections if c["connection_id"] in refused)
     connections, ends, problems = compare_connections(
         run.recorded_connections, decoded_connections, report.unread, recorded_as=run.recorded_as
     )
