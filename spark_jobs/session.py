@@ -14,7 +14,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from spark_jobs import numpy_probe, py4j_cache
-from spark_jobs.class_archive import archive_options, note_driver_pid
+from spark_jobs.class_archive import archive_classpath, archive_options, note_driver_pid
 
 __all__ = [
     "SMALL_DATA_BYTES",
@@ -212,7 +212,11 @@ def build_session(
             if shuffle_partitions:
                 conf["spark.sql.shuffle.partitions"] = str(shuffle_partitions)
         archive, recording = archive_options()  # this JVM's classes, loaded once for all runs
-        conf["spark.driver.extraJavaOptions"] += f" {archive}" if archive else ""
+        if archive:
+            conf["spark.driver.extraJavaOptions"] += f" {archive}"
+            classpath = archive_classpath()  # the archive was made with these first
+            if classpath:
+                conf["spark.driver.extraClassPath"] = classpath
         # Shuffle files stay on this machine's disk (mostly its page cache): compressing them is
         # CPU spent for nothing. A cluster keeps compression (the files cross the network).
         conf["spark.shuffle.compress"] = "false"

@@ -38,6 +38,40 @@ API_KEYS = {
 _corr = itertools.count(1)
 
 
+def session_settings(
+    monkeypatch: pytest.MonkeyPatch, archive: str = "", classpath: str = ""
+) -> dict[str, str]:
+    """The settings ``build_session("local[2]", data_bytes=1)`` gives a new local session,
+    without starting one (the test session's JVM is already running, and ``build_session``
+    would return it): ``archive`` and ``classpath`` stand for the class archive's options and
+    its class path (none by default)."""
+    from spark_jobs import session
+
+    captured: dict[str, str] = {}
+
+    class Builder:
+        def appName(self, _: str) -> Builder:
+            return self
+
+        def master(self, _: str) -> Builder:
+            return self
+
+        def config(self, key: str, value: str) -> Builder:
+            captured[key] = value
+            return self
+
+        def getOrCreate(self) -> None:
+            raise RuntimeError("stop here")
+
+    monkeypatch.setattr(session.SparkSession, "getActiveSession", staticmethod(lambda: None))
+    monkeypatch.setattr(session.SparkSession, "builder", Builder())
+    monkeypatch.setattr(session, "archive_options", lambda: (archive, None))
+    monkeypatch.setattr(session, "archive_classpath", lambda: classpath)
+    with pytest.raises(RuntimeError, match="stop here"):
+        session.build_session("local[2]", data_bytes=1)
+    return captured
+
+
 @pytest.fixture(scope="session")
 def spark():
     from spark_jobs.session import build_session

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from spark_fixtures import session_settings
 
 from spark_jobs import class_archive
 
@@ -73,3 +74,53 @@ def test_off_switch(archive_env, monkeypatch):
     monkeypatch.setenv("KWIRE_SPARK_CDS", "0")
     assert class_archive.archive_options() == ("", None)
     assert started == []
+
+
+def _jar(path, entries: dict[str, bytes]) -> None:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as jar:
+        for name, data in entries.items():
+            jar.writestr(name, data)
+
+
+def test_signed_jars_get_unsigned_copies_once(archive_env, monkeypatch, tmp_path):
+    """The JDK archives no class of a signed jar: the recorder copies each signed jar without
+    its signature, and drivers put the copies first (``archive_classpath``)."""
+    import zipfile
+
+    folder, _ = archive_env
+    jars = tmp_path / "pyspark-jars"
+    jars.mkdir()
+    _jar(
+        jars / "signed.jar",
+        {
+            "META-INF/MANIFEST.MF": b"m",
+            "META-INF/X.SF": b"s",
+            "META-INF/X.RSA": b"r",
+            "a/B.class": b"\xca\xfe",
+        },
+    )
+    _jar(jars / "plain.jar", {"META-INF/MANIFEST.MF": b"m", "c/D.class": b"\xca\xfe"})
+    monkeypatch.setattr(class_archive, "_pyspark_jars", lambda: jars)
+    assert class_archive.archive_classpath() == ""  # nothing made yet
+    class_archive._make_classpath()
+    copy = folder / "driver-test.jars" / "signed.jar"
+    assert class_archive.archive_classpath() == str(copy)
+    with zipfile.ZipFile(copy) as z:
+        assert sorted(z.namelist()) == ["META-INF/MANIFEST.MF", "a/B.class"]
+        assert z.read("a/B.class") == b"\xca\xfe"
+    before = copy.stat().st_mtime_ns
+    class_archive._make_classpath()  # the archive records the copies' times: never rewritten
+    assert copy.stat().st_mtime_ns == before
+    assert [p.name for p in folder.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize("archive", ["-XX:SharedArchiveFile=/a.jsa", ""])
+def test_a_driver_with_the_archive_puts_the_copies_first(monkeypatch, archive: str) -> None:
+    """``build_session``'s settings (without starting a JVM): the copies go on the class path of
+    a driver that maps (or records) the archive, and only then."""
+    captured = session_settings(monkeypatch, archive, "/c/janino.jar")
+    assert captured.get("spark.driver.extraClassPath") == ("/c/janino.jar" if archive else None)
+    if archive:
+        assert archive in captured["spark.driver.extraJavaOptions"]

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from spark_fixtures import spark  # noqa: F401
+from spark_fixtures import session_settings, spark  # noqa: F401
 
-from spark_jobs import session
 from spark_jobs.session import (
     INPUTS_IN_MEMORY_CONF,
     ONE_PARTITION_CONF,
@@ -141,30 +140,9 @@ def test_size_tiers(monkeypatch) -> None:
 
 @pytest.mark.parametrize("profile", ["tiny", "small"])
 def test_a_small_session_gets_its_tier(monkeypatch, profile: str) -> None:
-    """The settings ``build_session`` gives a local session (without starting one: the test
-    session's JVM is already running, and ``build_session`` would return it)."""
-    captured: dict[str, str] = {}
-
-    class Builder:
-        def appName(self, _):
-            return self
-
-        def master(self, _):
-            return self
-
-        def config(self, key, value):
-            captured[key] = value
-            return self
-
-        def getOrCreate(self):
-            raise RuntimeError("stop here")
-
+    """The settings ``build_session`` gives a local session of each tier."""
     monkeypatch.setenv("KWIRE_SPARK_PROFILE", profile)
-    monkeypatch.setattr(session.SparkSession, "getActiveSession", staticmethod(lambda: None))
-    monkeypatch.setattr(session.SparkSession, "builder", Builder())
-    monkeypatch.setattr(session, "archive_options", lambda: ("", None))
-    with pytest.raises(RuntimeError, match="stop here"):
-        session.build_session("local[2]", data_bytes=1)
+    captured = session_settings(monkeypatch)
     assert captured[ONE_PARTITION_CONF] == "true"
     assert "-XX:TieredStopAtLevel=1" in captured["spark.driver.extraJavaOptions"]
     assert "-XX:ReservedCodeCacheSize=240m" in captured["spark.driver.extraJavaOptions"]
