@@ -101,8 +101,9 @@ def _make_classpath() -> None:
     folder = _classpath_dir()
     if folder.is_dir():
         return
+    for stale in folder.parent.glob(f".{folder.name}.*.tmp"):  # a recorder killed mid-copy
+        shutil.rmtree(stale, ignore_errors=True)
     partial = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
-    shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     for jar in sorted(_pyspark_jars().glob("*.jar")):
         with zipfile.ZipFile(jar) as z:

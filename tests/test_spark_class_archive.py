@@ -104,6 +104,7 @@ def test_signed_jars_get_unsigned_copies_once(archive_env, monkeypatch, tmp_path
     _jar(jars / "plain.jar", {"META-INF/MANIFEST.MF": b"m", "c/D.class": b"\xca\xfe"})
     monkeypatch.setattr(class_archive, "_pyspark_jars", lambda: jars)
     assert class_archive.archive_classpath() == ""  # nothing made yet
+    (folder / ".driver-test.jars.999999999.tmp").mkdir()  # left by a recorder killed mid-copy
     class_archive._make_classpath()
     copy = folder / "driver-test.jars" / "signed.jar"
     assert class_archive.archive_classpath() == str(copy)

@@ -98,8 +98,8 @@ def test_another_gateway_client_is_not_given_remembered_answers(spark) -> None: 
 
 def test_a_column_is_one_call_into_the_jvm(spark) -> None:  # noqa: F811
     """``build_session`` turns PySpark's DataFrame debugging off: with it on, every ``F.*`` call
-    also fetched a setting and set and cleared the Python call site in the JVM (3-4 more
-    commands, and a stack walk)."""
+    also fetched the active session and a setting, and set and cleared the Python call site in
+    the JVM (6 commands for this ``F.col`` instead of 1, and a stack walk)."""
     client = spark.sparkContext._gateway._gateway_client
     F.col("warm")
     with _Counting(client) as counted:
