@@ -593,6 +593,15 @@ class Proxy:
         await done.wait()
         log.info("stopping: writing the last rows")
         await self.stop()
+        if self.config.out_dir is not None:
+            m = self.metrics
+            log.info(
+                "stopped: %d rows written; the recorder skipped %d bytes (%d gap rows) and dropped %d rows",
+                m.rows_written,
+                m.dropped_bytes,
+                m.gap_rows,
+                m.dropped_rows,
+            )
 
 
 def _os_reason(exc: OSError) -> str:

@@ -273,6 +273,13 @@ class RowsReport:
     max_time_delta_us: int = 0
     #: client-side rows the proxy never read (sent after it had ended the connection), by connection
     unread: dict[Any, list[dict[str, Any]]] = field(default_factory=dict)
+    #: client-side rows of a connection whose recorder said it skipped bytes, that it has not
+    #: (their bytes were skipped), by connection
+    skipped: dict[Any, list[dict[str, Any]]] = field(default_factory=dict)
+    #: compared rows recorded with status ``gap`` (the recorder saw part of the exchange, and says so)
+    gap_rows: int = 0
+    #: rows recorded with status ``gap`` that pair with none (the part it saw named no exchange)
+    unpaired_gap_rows: int = 0
     statuses: Counter[str] = field(default_factory=Counter)
     problems: list[str] = field(default_factory=list)
 
@@ -355,6 +362,7 @@ def compare_rows(
     unread: Mapping[Any, set[tuple[int, int]]] | None = None,
     skip_ports: Iterable[int] = (),
     recorded_as: Mapping[str, str] | None = None,
+    gapped: Iterable[Any] = (),
 ) -> RowsReport:
     """Compare the proxy's exchange rows with ``kwire decode``'s rows of the near capture.
 
@@ -369,9 +377,17 @@ def compare_rows(
     proxy stops reading a connection once it has ended it (the broker reset it, or could not
     be reached) while the client may still be sending. ``skip_ports``: client ports left
     out (capture damage on that connection).
+
+    ``gapped``: connections whose recorded connection row counts bytes the recorder skipped
+    (``gap_bytes_to_*``: it fell behind, and says so). On those alone, a client-side row the
+    proxy lacks is taken as skipped (``RowsReport.skipped``); a recorded row may have status
+    ``gap``, and then each of its columns is null or equal to the client side's (it claims
+    only what it saw); and the client software (``ExchangeRows`` carries it from an ApiVersions
+    request, which may have been skipped) may be null. Anything else must be as anywhere.
     """
     report = RowsReport(recorded=len(recorded), decoded=len(decoded))
     skip = set(skip_ports)
+    skipping = set(gapped)
     connections = dict(zip(("recorded", "decoded"), _connection_of(recorded_as), strict=True))
 
     def keyed(rows: list[dict[str, Any]], side: str) -> dict[tuple[Any, ...], dict[str, Any]]:
@@ -392,9 +408,14 @@ def compare_rows(
         never_read = (unread or {}).get(key[0], set())
         if (row["correlation_id"], row["api_key"]) in never_read and row["status"] == "unanswered":
             report.unread.setdefault(key[0], []).append(row)
+        elif key[0] in skipping:
+            report.skipped.setdefault(key[0], []).append(row)
         else:
             report.problems.append(f"only in the client capture: {key} {row['api_name']} {row['status']}")
     for key in sorted(ours.keys() - theirs.keys(), key=repr):
+        if key[0] in skipping and ours[key]["status"] == "gap":
+            report.unpaired_gap_rows += 1
+            continue
         report.problems.append(
             f"only recorded by the proxy: {key} {ours[key]['api_name']} {ours[key]['status']}"
         )
@@ -404,13 +425,16 @@ def compare_rows(
         report.statuses[mine["status"]] += 1
         columns = (mine.keys() | other.keys()) - ROW_FIELDS_THAT_DIFFER.keys()
         differ = sorted(c for c in columns if mine.get(c) != other.get(c))
+        gap_row = key[0] in skipping and mine["status"] == "gap"
+        if key[0] in skipping:
+            differ = _unexplained_by_a_gap(mine, differ, report)
         if differ:
             report.problems.append(
                 f"{key}: " + ", ".join(f"{c}={mine.get(c)!r} vs {other.get(c)!r}" for c in differ[:4])
             )
         for column in ("request_time", "response_time"):
             a, b = micros(mine.get(column)), micros(other.get(column))
-            if (a is None) != (b is None):
+            if (a is None) != (b is None) and not (gap_row and a is None):
                 report.problems.append(f"{key}: {column} {a} vs {b}")
             elif a is not None and b is not None:
                 delta = abs(a - b)
@@ -423,6 +447,20 @@ def compare_rows(
                 f"behind listener {other['broker_port']}"
             )
     return report
+
+
+#: Exchange columns a recorder that skipped an ApiVersions request leaves null (``compare_rows``).
+CARRIED_FROM_EARLIER_FRAMES = frozenset({"client_software_name", "client_software_version"})
+
+
+def _unexplained_by_a_gap(mine: dict[str, Any], differ: list[str], report: RowsReport) -> list[str]:
+    """The columns of ``differ`` that a recorded row of a connection with skipped bytes cannot
+    explain: a ``gap`` row may leave out (null) what it did not see, and says why; any row may
+    lack the client software."""
+    if mine["status"] == "gap":
+        report.gap_rows += 1
+        return [c for c in differ if c not in ("status", "decode_error") and mine.get(c) is not None]
+    return [c for c in differ if not (c in CARRIED_FROM_EARLIER_FRAMES and mine.get(c) is None)]
 
 
 #: Connection columns that must be equal on both sides (the rest: addresses, ids, times, end).
@@ -439,6 +477,20 @@ CONNECTION_FIELDS = (
 )
 
 
+def skipped_bytes(connection: dict[str, Any]) -> int:
+    """Bytes of a connection row that were not seen (a recorder that fell behind, a capture gap)."""
+    return (connection["gap_bytes_to_broker"] or 0) + (connection["gap_bytes_to_client"] or 0)
+
+
+def _explained_by_skipping(column: str, mine: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Whether a connection column that differs is what skipped bytes make of it."""
+    if column.startswith(("gap_bytes", "resyncs")):
+        return (mine[column] or 0) >= (other[column] or 0)
+    if column.startswith("frames"):
+        return (mine[column] or 0) <= (other[column] or 0)
+    return column == "client_id" and mine[column] is None
+
+
 def compare_connections(
     recorded: list[dict[str, Any]],
     decoded: list[dict[str, Any]],
@@ -451,7 +503,9 @@ def compare_connections(
     ``CONNECTION_FIELDS`` equal, the first packet within ``tolerance_us``. ``unread``
     (``RowsReport.unread``): requests the client sent after the proxy ended the connection,
     which the capture counts and the proxy cannot (their frames and bytes, and the client id
-    when they were all the connection carried).
+    when they were all the connection carried). A connection whose recorder skipped bytes
+    (``gap_bytes_to_*``) still counts every byte; it may count more gap bytes and resyncs, fewer
+    frames, and no client id.
 
     Returns (connections compared, Counter of (recorded end_reason, decoded end_reason), problems).
     """
@@ -479,6 +533,8 @@ def compare_connections(
             if mine["client_id"] is None:
                 expected["client_id"] = late[0]["client_id"]
         differ = [c for c in CONNECTION_FIELDS if expected.get(c) != other.get(c)]
+        if skipped_bytes(mine) > skipped_bytes(other):
+            differ = [c for c in differ if not _explained_by_skipping(c, expected, other)]
         if differ:
             problems.append(
                 f"connection {mine['client_port']}: "

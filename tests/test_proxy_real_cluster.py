@@ -43,7 +43,10 @@ side (anything to or from the proxy's address) and the far side (the cluster's l
    listener forwards to), date, latency, and request/response times, which must be within
    1 s of each other. A near row the proxy lacks is allowed only when it is an unanswered
    request beyond the bytes the proxy read from that client (the proxy stops reading a
-   connection it has ended, the client may still be sending). Connection rows: client id,
+   connection it has ended, the client may still be sending), or on a connection whose
+   recorded row counts bytes the recorder skipped (it runs on idle CPU, and fell behind while
+   the clients started: seen in CI and here); its rows there may be ``gap`` rows with nulls
+   for what it did not see, and nine rows in ten at least must be recorded in full. Connection rows: client id,
    protocol, bytes, frames, gaps and resyncs equal (counting those unread requests), first
    packet within 1 s; end reasons differ by point of view and are reported, not compared.
 """
@@ -77,6 +80,7 @@ from proxy_sides import (
     pair_streams,
     request_heads,
     same_connections,
+    skipped_bytes,
     unread_requests,
 )
 from realkafka import Tcpdump, tcpdump_available
@@ -619,15 +623,23 @@ def test_recorded_rows_equal_kwire_decode_of_the_client_side(proxied: ProxiedRun
     for stream in run.near:
         connection = run.decoded_id[id(stream)]
         unread[connection] = unread_requests(stream.data[0], read.get(connection, 0))
+    # The recorder runs on CPU nobody else wants (proxy.recorder_worker): on a saturated machine
+    # (CI, five clients starting beside four JVMs) it can fall behind and skip bytes, and says so
+    # in the connection's gap bytes. Its rows must then claim only what it saw.
+    gapped = {run.recorded_as[c["connection_id"]] for c in run.recorded_connections if skipped_bytes(c)}
     report = compare_rows(
         run.recorded,
         run.decoded,
         lambda port: run.routes((run.proxy_host, port)),
         unread=unread,
         recorded_as=run.recorded_as,
+        gapped=gapped,
     )
     assert not report.problems, report.problems[:20]
-    assert report.compared == len(run.recorded) and report.compared > 1000
+    assert report.compared + report.unpaired_gap_rows == len(run.recorded) and report.compared > 1000
+    skipped = sum(map(len, report.skipped.values()))
+    # a light load: nine rows in ten at least are recorded in full, or the comparison says little
+    assert report.compared - report.gap_rows >= 0.9 * len(run.decoded), (skipped, report.gap_rows)
     assert {r["client_id"] for r in run.recorded} >= run.client_ids
     assert not any(r["injected"] for r in run.recorded)  # no fault rules: the broker answered every one
     refused = {run.decoded_id[id(s)] for s in run.refused}  # never accepted: the proxy has no row for them
@@ -642,4 +654,10 @@ def test_recorded_rows_equal_kwire_decode_of_the_client_side(proxied: ProxiedRun
         f"{sum(map(len, report.unread.values()))} client-side rows sent after the proxy ended the connection, "
         f"max time delta {report.max_time_delta_us} µs; {connections} connections equal "
         f"(end reasons recorded/decoded: {dict(ends)})"
+    )
+    _report(
+        f"recorder fell behind: {len(gapped)} connections with skipped bytes "
+        f"({sum(skipped_bytes(c) for c in run.recorded_connections)}), {skipped} rows not recorded, "
+        f"{report.gap_rows + report.unpaired_gap_rows} gap rows; "
+        + " ".join(line.split(" INFO ", 1)[-1] for line in run.proxy_log.splitlines() if " stopped: " in line)
     )

@@ -199,3 +199,32 @@ def test_a_client_port_used_by_two_connections_is_two_connections() -> None:
     assert any("two rows for" in p for p in compare_rows(twins, twins, routes).problems)
     swapped = [row(5, 1, connection_id="d-2"), row(5, 1, connection_id="d-1", api_key=1, api_name="Fetch")]
     assert compare_rows(mine, swapped, routes, recorded_as=recorded_as).problems
+
+
+def test_a_connection_the_recorder_skipped_bytes_of_claims_only_what_it_saw() -> None:
+    """The recorder fell behind on port 5 and says so (gap bytes): a row it lacks there is
+    skipped, a ``gap`` row may leave out what it did not see, and the client software (from a
+    skipped ApiVersions) may be null. A ``gap`` row that states something else, or any of
+    this on port 6, whose recorder skipped nothing, is a problem."""
+    routes = lambda port: {BROKER}  # noqa: E731
+    software = {"client_software_name": "kafka-python", "client_software_version": "3.0.12"}
+    decoded = [row(5, 1, **software), row(5, 2, **software), row(6, 1, **software), row(6, 2, **software)]
+    gap = row(5, 2, status="gap", decode_error="skipped", response_time=None, partition_errors=None)
+    mine = [row(5, 1), gap, row(6, 1, **software), row(6, 2, **software)]
+    report = compare_rows(mine, decoded, routes, gapped={5})
+    assert report.problems == [] and report.gap_rows == 1 and report.skipped == {}
+    assert len(compare_rows(mine[:1] + mine[2:], decoded, routes, gapped={5}).skipped[5]) == 1
+    assert compare_rows(mine, decoded, routes).problems  # port 5 not said to have skipped bytes
+    lying = gap | {"partition_errors": [{"topic": "t", "partition": 0, "error_code": 6}]}
+    assert compare_rows([mine[0], lying, *mine[2:]], decoded, routes, gapped={5}).problems
+    assert compare_rows([*mine[:2], row(6, 1), mine[3]], decoded, routes, gapped={5}).problems
+    extra = row(5, 9, status="gap", api_key=None)
+    assert compare_rows([*mine, extra], decoded, routes, gapped={5}).unpaired_gap_rows == 1
+    assert compare_rows([*mine, extra | {"status": "ok"}], decoded, routes, gapped={5}).problems
+
+    counts = {"bytes_to_broker": 900, "frames_to_broker": 6, "client_id": "c"}
+    seen = _connection(**counts)
+    short = _connection(**counts | {"frames_to_broker": 4, "gap_bytes_to_broker": 120, "client_id": None})
+    assert compare_connections([short], [seen])[2] == []
+    assert compare_connections([short | {"bytes_to_broker": 780}], [seen])[2]  # every byte is counted
+    assert compare_connections([short | {"gap_bytes_to_broker": 0}], [seen])[2]  # unless it says so
