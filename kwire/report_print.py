@@ -40,6 +40,8 @@ def print_summary(console: Console, summary: Summary) -> None:
             f"{summary.exchanges:,} exchanges, {summary.errors:,} errors",
             highlight=False,
         )
+        if summary.not_seen:
+            console.print(f"not seen: {summary.not_seen.text()}", highlight=False)
     counts = ", ".join(f"{n} {sev}" for sev, n in summary.findings_by_severity.items())
     console.print(f"findings: {counts}", highlight=False)
 

@@ -3,7 +3,7 @@ the per-client summary. Shared by the HTML page (:mod:`spark_jobs.report`) and t
 (``kwire analyze``) so that both show the same numbers.
 
 Built from the results the jobs wrote (``{result name: rows}``); a result that was not computed
-(``kwire analyze --jobs``) leaves its part empty rather than failing.
+(``kwire analyze --only``) leaves its part empty rather than failing.
 """
 
 from __future__ import annotations
@@ -137,6 +137,43 @@ def lanes(results: dict[str, Rows]) -> list[Lane]:
 
 
 @dataclass(frozen=True)
+class NotSeen:
+    """What a run's data lacks: bytes no decoder saw (a capture's lost packets, or what a proxy's
+    recorder skipped when it fell behind), on how many connections, the exchanges that left
+    unknown (status ``gap``), and rows a proxy's writer dropped."""
+
+    bytes: int
+    connections: int
+    gap_rows: int
+    dropped_rows: int
+
+    def __add__(self, other: NotSeen) -> NotSeen:
+        return NotSeen(
+            self.bytes + other.bytes,
+            self.connections + other.connections,
+            self.gap_rows + other.gap_rows,
+            self.dropped_rows + other.dropped_rows,
+        )
+
+    def __bool__(self) -> bool:
+        return bool(self.bytes or self.gap_rows or self.dropped_rows)
+
+    def text(self) -> str:
+        """What is missing, in words (the page's figure and the terminal's summary)."""
+        parts = [
+            f"{self.bytes:,} bytes on {self.connections:,} connection{'s' if self.connections != 1 else ''} "
+            "lost by the capture or skipped by a proxy's recorder"
+        ]
+        if self.gap_rows:
+            parts.append(
+                f"{self.gap_rows:,} exchange{'s' if self.gap_rows != 1 else ''} left unknown (status gap)"
+            )
+        if self.dropped_rows:
+            parts.append(f"{self.dropped_rows:,} rows dropped by a proxy's writer")
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True)
 class SourceSummary:
     """One run (capture file, proxy) of the dataset."""
 
@@ -149,6 +186,7 @@ class SourceSummary:
     brokers: int
     errors: int
     bucket_s: float | None
+    not_seen: NotSeen = field(default_factory=lambda: NotSeen(0, 0, 0, 0))
 
     @property
     def span_s(self) -> float | None:
@@ -184,6 +222,7 @@ class Summary:
     exchanges: int | None
     connections: int | None
     errors: int | None
+    not_seen: NotSeen | None  # summed over the runs
     brokers: list[Lane]
     clients: list[ClientSummary]
     findings_by_severity: dict[str, int]
@@ -212,6 +251,12 @@ def build_summary(results: dict[str, Rows], found: list[Finding]) -> Summary:
             brokers=int(r.get("brokers") or 0),
             errors=int(r.get("error_results") or 0),
             bucket_s=r.get("bucket_s"),
+            not_seen=NotSeen(
+                int(r.get("bytes_not_seen") or 0),
+                int(r.get("connections_with_gaps") or 0),
+                int(r.get("gap_rows") or 0),
+                int(r.get("dropped_rows") or 0),
+            ),
         )
         for r in sorted(src_rows, key=lambda r: (r.get("first_time") is None, r.get("first_time") or 0))
     ]
@@ -259,6 +304,7 @@ def build_summary(results: dict[str, Rows], found: list[Finding]) -> Summary:
         exchanges=sum(s.exchanges for s in sources) if sources else None,
         connections=sum(s.connections for s in sources) if sources else None,
         errors=sum(s.errors for s in sources) if sources else None,
+        not_seen=sum((s.not_seen for s in sources), NotSeen(0, 0, 0, 0)) if sources else None,
         brokers=[ln for ln in all_lanes if ln.kind == "broker"],
         clients=clients,
         findings_by_severity={s: sum(1 for f in found if f.severity == s) for s in SEVERITIES},

@@ -3,7 +3,10 @@
 * ``incident_sources``, one row per run (``source``): its first and last instant, the bucket
   width its timeline uses (``bucket_s``: the finest of ``BUCKET_STEPS_S`` that keeps the run
   within ``max_buckets`` buckets, so a 12 s incident in a 10 min capture spans 12 buckets),
-  exchanges, connections, clients, brokers, error results.
+  exchanges, connections, clients, brokers, error results, and what the data lacks:
+  ``bytes_not_seen`` (the connections' gap bytes: packets the capture lost, or bytes a proxy's
+  recorder skipped when it fell behind) on ``connections_with_gaps`` connections, ``gap_rows``
+  (exchanges that gap left unknown) and ``dropped_rows`` (rows a proxy's writer dropped).
 * ``incident_lanes``, one row per lane: a client (``source``, ``client_id``, ``client_ip``, its
   software) or a broker (``source``, ``broker_ip``, ``broker_port``, the ``node_id`` Metadata
   responses gave it), with its requests, unanswered requests, error results, Metadata requests,
@@ -60,6 +63,10 @@ def _sources(exchanges: DataFrame, connections: DataFrame, max_buckets: int) -> 
         F.coalesce("response_time", "request_time").alias("hi"),
         F.lit(1).alias("_ex"),
         F.lit(None).cast("int").alias("_co"),
+        F.lit(0).cast("long").alias("_not_seen"),
+        F.lit(None).cast("int").alias("_gapped"),
+        F.when(F.col("status") == "gap", 1).alias("_gap_row"),
+        F.lit(0).cast("long").alias("_dropped"),
         F.when(F.col("status") != "orphan_response", client_key()).alias("_client"),
         F.concat_ws(":", "broker_ip", F.col("broker_port").cast("string")).alias("_broker"),
         (
@@ -70,12 +77,20 @@ def _sources(exchanges: DataFrame, connections: DataFrame, max_buckets: int) -> 
             ).otherwise(F.lit(0).cast("long"))
         ).alias("_errors"),
     )
+    not_seen = (
+        F.coalesce(F.col("gap_bytes_to_broker"), F.lit(0))
+        + F.coalesce(F.col("gap_bytes_to_client"), F.lit(0))
+    ).cast("long")
     co = connections.select(
         "source",
         F.col("first_packet_time").alias("lo"),
         F.col("last_packet_time").alias("hi"),
         F.lit(None).cast("int").alias("_ex"),
         F.lit(1).alias("_co"),
+        not_seen.alias("_not_seen"),
+        F.when(not_seen > 0, 1).alias("_gapped"),
+        F.lit(None).cast("int").alias("_gap_row"),
+        F.coalesce(F.col("dropped_rows"), F.lit(0)).cast("long").alias("_dropped"),
         F.lit(None).cast("long").alias("_client"),
         F.lit(None).cast("string").alias("_broker"),
         F.lit(0).cast("long").alias("_errors"),
@@ -91,6 +106,10 @@ def _sources(exchanges: DataFrame, connections: DataFrame, max_buckets: int) -> 
             F.countDistinct("_client").alias("clients"),
             F.countDistinct("_broker").alias("brokers"),
             F.sum("_errors").alias("error_results"),
+            F.sum("_not_seen").alias("bytes_not_seen"),
+            F.count("_gapped").alias("connections_with_gaps"),
+            F.count("_gap_row").alias("gap_rows"),
+            F.sum("_dropped").alias("dropped_rows"),
         )
     )
     # computed once: the collect below and the join after it would each run the aggregate (two

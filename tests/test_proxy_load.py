@@ -17,6 +17,7 @@ Each test bounds its own time; each proxy is a ``kwire proxy`` process stopped i
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import struct
@@ -35,7 +36,7 @@ import pyarrow.dataset as ds
 import pytest
 from realkafka import TansuBroker, started_tansu
 
-from proxy.embedded import ProxyProcess, ProxyThread
+from proxy.embedded import KWIRE_MAIN, ProxyProcess, ProxyThread
 from proxy.server import ProxyConfig
 
 pytestmark = pytest.mark.real
@@ -157,6 +158,25 @@ def test_a_recorder_that_falls_behind_writes_gaps_not_false_rows(broker: TansuBr
     assert sum(raw.values()) <= result["answered"]
     assert statuses["gap"] == metrics["gap_rows_total"] > 0
     assert gap_bytes >= metrics["dropped_bytes_total"]
+    # the analysis tells its reader what the dataset lacks, as the recorder counted it
+    gapped = sum(
+        1 for a, b in zip(conns["gap_bytes_to_broker"], conns["gap_bytes_to_client"], strict=True) if a + b
+    )
+    analysed = subprocess.run(
+        [sys.executable, "-c", KWIRE_MAIN, "analyze", str(out), "--only", "incident_timeline"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "COLUMNS": "400"},  # the summary's lines unwrapped
+    )
+    assert analysed.returncode == 0, analysed.stderr[-2000:]
+    said = re.search(
+        r"^not seen: ([\d,]+) bytes on ([\d,]+) connections? .*?; ([\d,]+) exchanges? left unknown",
+        analysed.stdout,
+        re.M,
+    )
+    assert said, analysed.stdout[-2000:]
+    assert [int(n.replace(",", "")) for n in said.groups()] == [gap_bytes, gapped, statuses["gap"]]
 
 
 # ---- 1. SIGKILL under load loses at most the flush window -------------------------------------

@@ -12,7 +12,7 @@ from rich.console import Console
 from kwire.report_print import print_clients, print_findings, print_summary, print_tables
 from spark_jobs.findings import build_findings
 from spark_jobs.report import build_page, render_page
-from spark_jobs.report_model import seconds_text
+from spark_jobs.report_model import NotSeen, seconds_text
 from spark_jobs.report_timeline import bucket_width
 
 T0 = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
@@ -99,6 +99,12 @@ def results():
                 "brokers": 1,
                 "error_results": 48,
                 "bucket_s": 0.25,
+                # a proxy's recorder fell behind on five connections (b.pcap's row, from an older
+                # analysis, has none of these columns)
+                "bytes_not_seen": 2358,
+                "connections_with_gaps": 5,
+                "gap_rows": 7,
+                "dropped_rows": 0,
             },
             {
                 "source": "b.pcap",
@@ -215,6 +221,8 @@ def test_summary_counts_runs_span_brokers_clients_and_findings():
     app = next(c for c in s.clients if c.name == "app @10.0.0.2")
     assert app.software == "sarama 1.42.1" and app.top_errors == [("NOT_LEADER_OR_FOLLOWER", 48)]
     assert s.findings_by_severity["critical"] == 1  # the outage
+    assert s.not_seen == NotSeen(2358, 5, 7, 0) and s.sources[1].not_seen == NotSeen(0, 0, 0, 0)
+    assert not s.sources[1].not_seen and s.not_seen
 
 
 def test_page_reads_top_down_and_shows_every_finding_with_evidence_and_advice():
@@ -235,8 +243,10 @@ def test_page_reads_top_down_and_shows_every_finding_with_evidence_and_advice():
         "clients": "4",
         "exchanges": "252",
         "errors": "48",
+        "bytes_not_seen": "2358",
         "findings": str(len(found)),
     }
+    assert "7 exchanges left unknown (status gap)" in html
     # offline: no element loads anything; the CSP forbids it anyway
     markup = re.sub(r"<script[^>]*>.*?</script>", "<script></script>", html, flags=re.S)
     assert not re.search(r"<(script|img|link|iframe)[^>]+(src|href)=", markup)
@@ -384,6 +394,10 @@ def test_terminal_prints_summary_findings_and_clients_then_tables_on_demand():
     print_clients(console, page.summary)
     text = out.getvalue()
     assert "2 sources" in text and "252 exchanges, 48 errors" in text and "1 critical" in text
+    assert (
+        "not seen: 2,358 bytes on 5 connections lost by the capture or skipped by a proxy's recorder; "
+        in text
+    )
     assert text.index(" summary ─") < text.index(" findings ─") < text.index("\nclients")
     assert "#1 critical" in text and "what to do:" in text
     assert "app @10.0.0.2" in text and "NOT_LEADER_OR_FOLLOWER x48" in text

@@ -125,3 +125,23 @@ def test_lanes_buckets_and_events(spark):  # noqa: F811
     assert lanes[("broker", "10.0.0.9")]["node_id"] == 1 and lanes[("broker", "10.0.0.8")]["node_id"] == 2
     assert lanes[("client", "app")]["error_results"] == 2 and lanes[("client", "app")]["disconnects"] == 1
     assert lanes[("client", "app")]["first_bucket"] == T0
+
+
+def test_each_run_counts_what_its_data_lacks(spark):  # noqa: F811
+    """Gap bytes (a capture's lost packets, or what a proxy's recorder skipped), the connections
+    they are on, the exchanges they left unknown and the rows a proxy's writer dropped: per run,
+    and nothing for a run that lacks nothing."""
+    rows = [ex(1, "Produce"), ex(2, "Produce", status="gap"), ex(3, "Fetch", connection_id="c2")]
+    rows += [ex(1, "Produce", source="whole.pcap")]
+    connections = [
+        conn(gap_bytes_to_broker=236, gap_bytes_to_client=171, dropped_rows=0),
+        conn(connection_id="c2", gap_bytes_to_client=58, dropped_rows=3),
+        conn(connection_id="c3", gap_bytes_to_broker=0, gap_bytes_to_client=0),
+        conn(source="whole.pcap"),  # null counts (a capture's decode before the proxy's columns)
+    ]
+    out = run(tables(spark, rows, connections))
+    lacks = {
+        r["source"]: (r["bytes_not_seen"], r["connections_with_gaps"], r["gap_rows"], r["dropped_rows"])
+        for r in out["incident_sources"].collect()
+    }
+    assert lacks == {"test.pcap": (465, 2, 1, 3), "whole.pcap": (0, 0, 0, 0)}
