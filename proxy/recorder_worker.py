@@ -659,6 +659,10 @@ def _worker(read_fd: int, write_fd: int) -> int:
     enough = _pipe_size(read_fd) // 4
     last_report = 0.0
     eof = False
+    # Only now: its start (imports, pyarrow's first conversion, ~1 s of CPU) comes before the
+    # proxy listens, so no traffic waits on it, and under SCHED_IDLE a busy machine starved it.
+    # With three busy loops on the 2 CPUs, `kwire proxy -o` had not started after 20 s.
+    _yield_cpu()
     _report(write_fd, recorder, budget, metrics)  # ready
     _feed(messages, budget, calls)
     while not eof:
@@ -688,6 +692,7 @@ def _worker(read_fd: int, write_fd: int) -> int:
             release_free_memory()
             if 0 < read < enough and not eof:
                 _gather(read_fd, enough)
+    _leave_idle()  # the proxy stops, and waits for the last rows
     asyncio.run(recorder.stop())
     _report(write_fd, recorder, budget, metrics)
     return 0
@@ -769,10 +774,23 @@ def _yield_cpu() -> None:
             os.nice(_NICE)
 
 
+def _leave_idle() -> None:
+    """Every thread of this process back to an ordinary priority, where the system allows it
+    (root, ``CAP_SYS_NICE``, or an ``RLIMIT_NICE`` that covers nice 0): the proxy has stopped
+    forwarding and waits for the last rows, which on a saturated machine an idle-class writer
+    did not get to write (with three busy loops on the 2 CPUs the proxy's stop timed out)."""
+    try:
+        threads = [int(tid) for tid in os.listdir("/proc/self/task")]
+    except OSError:
+        threads = [0]
+    for tid in threads:
+        with contextlib.suppress(AttributeError, OSError):
+            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+
+
 def main(argv: list[str]) -> int:
     read_fd, write_fd, parent = (int(arg) for arg in argv)
     _die_with_parent(parent)
-    _yield_cpu()
     # Signals sent to the proxy's whole process group (Ctrl-C, systemd's SIGTERM to the unit's
     # cgroup, SIGHUP to reload rules) are the proxy's: it stops us by closing the pipe, after
     # which we write the last rows; killed without that, we would lose them.

@@ -125,7 +125,7 @@ def _frame_bytes(path: Path) -> list[bytes]:
 #: what it prints (415 of 459 MB for lab capture 001) and most of the test's time went to
 #: parsing it, so ``grep`` drops their one-line elements on the way (``_UNREAD``). With that,
 #: and each packet's fields read in one pass (``_shows``; the reassembled bytes only for a PDU
-#: not in its frame), ``tshark_pdus`` of the lab and bundled captures took 36 s instead of 73 s,
+#: not in its frame), ``tshark_pdus`` of the lab and bundled captures took 38 s instead of 75 s,
 #: every PDU equal to what it read before (on those and the public captures).
 _READ_FIELDS = (
     "ip.src",

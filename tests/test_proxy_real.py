@@ -157,6 +157,13 @@ def test_end_to_end_through_proxy(
     damaged = {r["client_port"] for r in client_side if capture_damaged(r)}
     ports = {r["client_port"] for r in client_side}
     assert len(damaged) <= max(1, len(ports) // 4), f"capture damaged on {len(damaged)} of {len(ports)}"
+    # Likewise the proxy's side: its recorder runs on idle CPU, and on a saturated machine it may
+    # skip bytes, which its connection row counts (tests/test_proxy_real_cluster.py met it in CI).
+    skipped = {c["client_port"] for c in connections if c["gap_bytes_to_broker"] or c["gap_bytes_to_client"]}
+    assert len(skipped) <= max(1, len(ports) // 4), (
+        f"recorder skipped bytes on {len(skipped)} of {len(ports)}"
+    )
+    damaged |= skipped
 
     def comparable(rows: list[dict[str, Any]]) -> Counter:
         return Counter(
