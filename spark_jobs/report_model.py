@@ -160,10 +160,12 @@ class NotSeen:
 
     def text(self) -> str:
         """What is missing, in words (the page's figure and the terminal's summary)."""
-        parts = [
-            f"{self.bytes:,} bytes on {self.connections:,} connection{'s' if self.connections != 1 else ''} "
-            "lost by the capture or skipped by a proxy's recorder"
-        ]
+        parts = []
+        if self.bytes:
+            parts.append(
+                f"{self.bytes:,} bytes on {self.connections:,} connection{'s' if self.connections != 1 else ''} "
+                "lost by the capture or skipped by a proxy's recorder"
+            )
         if self.gap_rows:
             parts.append(
                 f"{self.gap_rows:,} exchange{'s' if self.gap_rows != 1 else ''} left unknown (status gap)"

@@ -223,6 +223,7 @@ def test_summary_counts_runs_span_brokers_clients_and_findings():
     assert s.findings_by_severity["critical"] == 1  # the outage
     assert s.not_seen == NotSeen(2358, 5, 7, 0) and s.sources[1].not_seen == NotSeen(0, 0, 0, 0)
     assert not s.sources[1].not_seen and s.not_seen
+    assert NotSeen(0, 0, 0, 3).text() == "3 rows dropped by a proxy's writer"  # no gap: no bytes said
 
 
 def test_page_reads_top_down_and_shows_every_finding_with_evidence_and_advice():
