@@ -1,17 +1,21 @@
 """Benchmark: what a user waits for on a small dataset, cold (a new JVM each time).
 
-    python bench/analyze_small.py [DATASET] [--runs 3] [--query SQL] [--no-analyze]
+    python bench/analyze_small.py [DATASET] [--runs 3] [--query SQL] [--no-analyze] [--warm]
 
-Runs ``kwire analyze DATASET`` and ``kwire sql DATASET QUERY`` (no ``--serve``) ``--runs`` times
-each as the command line does, and the same query on DuckDB over the same files, and prints the
-min/median/max wall time of each with the machine's load average at the start. Without a
-DATASET, decodes ``captures/tansu-mixed.pcap`` (the demo) into a temporary one.
+Runs ``kwire analyze DATASET --local`` and ``kwire sql DATASET QUERY --local`` (each its own JVM)
+``--runs`` times each as the command line does, and the same query on DuckDB over the same files,
+and prints the min/median/max wall time of each with the machine's load average at the start.
+``--warm`` then starts a warm server (``kwire sql DATASET --serve``) and times the same two
+commands on it: its first analysis apart (the server's JVM compiles Spark's planner then), and
+``--runs`` more. Without a DATASET, decodes ``captures/tansu-mixed.pcap`` (the demo) into a
+temporary one.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -20,6 +24,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # warm_server
 KWIRE = [sys.executable, "-m", "kwire.cli"]
 QUERY = "SELECT api_name, count(*) AS n FROM exchanges GROUP BY 1 ORDER BY 2 DESC"
 
@@ -46,9 +52,34 @@ def _duckdb(dataset: Path, query: str) -> float:
 
 def _line(name: str, times: list[float]) -> str:
     return (
-        f"{name:14s} min {min(times):6.2f}s  median {statistics.median(times):6.2f}s  "
+        f"{name:20s} min {min(times):6.2f}s  median {statistics.median(times):6.2f}s  "
         f"max {max(times):6.2f}s  ({len(times)} runs)"
     )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _warm(dataset: Path, tmp: Path, runs: int, query: str, figures: dict[str, list[float]]) -> None:
+    """Time ``kwire analyze`` and ``kwire sql`` on a warm server serving ``dataset``."""
+    from warm_server import warm_server
+
+    popen = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "cwd": ROOT}
+    with warm_server(dataset, _free_port(), **popen):
+        first = _timed([*KWIRE, "analyze", str(dataset), "-o", str(tmp / "report-warm-first")])
+        figures["analyze, new server"] = [first]
+        figures["analyze, warm"], figures["sql, warm"] = [], []
+        for run in range(runs):
+            out = tmp / f"report-warm-{run}"
+            figures["analyze, warm"].append(_timed([*KWIRE, "analyze", str(dataset), "-o", str(out)]))
+            figures["sql, warm"].append(_timed([*KWIRE, "sql", str(dataset), query]))
+            print(
+                f"warm: analyze={figures['analyze, warm'][-1]:.2f}s sql={figures['sql, warm'][-1]:.2f}s",
+                flush=True,
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--query", default=QUERY)
     parser.add_argument("--no-analyze", action="store_true", help="time kwire sql and DuckDB only")
+    parser.add_argument("--warm", action="store_true", help="also time both commands on a warm server")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="kwire-bench-") as tmp:
         dataset = args.dataset
@@ -71,10 +103,14 @@ def main(argv: list[str] | None = None) -> int:
         for run in range(args.runs):
             if not args.no_analyze:
                 out = Path(tmp) / f"report-{run}"
-                figures["kwire analyze"].append(_timed([*KWIRE, "analyze", str(dataset), "-o", str(out)]))
-            figures["kwire sql"].append(_timed([*KWIRE, "sql", str(dataset), args.query]))
+                figures["kwire analyze"].append(
+                    _timed([*KWIRE, "analyze", str(dataset), "-o", str(out), "--local"])
+                )
+            figures["kwire sql"].append(_timed([*KWIRE, "sql", str(dataset), args.query, "--local"]))
             figures["duckdb"].append(_duckdb(dataset, args.query))
             print(" ".join(f"{k}={v[-1]:.2f}s" for k, v in figures.items()), flush=True)
+        if args.warm:
+            _warm(dataset, Path(tmp), args.runs, args.query, figures)
         for name, times in figures.items():
             print(_line(name, times))
         sql_median = statistics.median(figures["kwire sql"])

@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kwire.sql_command import sql
+from kwire.sql_command import sql, warm_session
 
 __all__ = ["analyze", "audit", "sql"]
 
@@ -92,6 +92,23 @@ def _rich_table(
     return table
 
 
+_LOCAL_HELP = "start a local Spark session even when `kwire sql DATASET --serve` serves the dataset"
+
+
+def _session(dataset: Path, master: str | None, local: bool, app: str, sized: bool = True):
+    """The Spark session to run on and where it runs: the dataset's warm server (``kwire sql
+    --serve``) unless ``master`` or ``local`` says otherwise, else a new session (a JVM start).
+    ``sized``: a new session gets settings for the dataset's size."""
+    from spark_jobs.session import build_session, dataset_bytes
+
+    data_bytes = dataset_bytes(dataset)
+    if master is None and not local:
+        spark = warm_session(dataset, data_bytes)
+        if spark is not None:
+            return spark, "the warm server"
+    return build_session(master, app, data_bytes=data_bytes if sized else None), None
+
+
 def analyze(
     dataset: Annotated[Path, typer.Argument(help="dataset directory (exchanges/, connections/)")],
     output: Annotated[
@@ -102,7 +119,10 @@ def analyze(
             help="report directory [default: DATASET/report; with --source, DATASET/report-SOURCE]",
         ),
     ] = None,
-    master: Annotated[str | None, typer.Option(help="Spark master URL [default: local[*]]")] = None,
+    master: Annotated[
+        str | None, typer.Option(help="Spark master URL [default: the dataset's warm server, else local[*]]")
+    ] = None,
+    local: Annotated[bool, typer.Option("--local", help=_LOCAL_HELP)] = False,
     only: Annotated[
         str | None,
         typer.Option(
@@ -170,23 +190,26 @@ def analyze(
     except OSError as exc:
         raise _fail(f"cannot create {out}: {exc.strerror or exc}") from None
 
-    from spark_jobs.session import build_session, dataset_bytes
     from spark_jobs.submit import analyse
 
     console = _console()
     start = time.perf_counter()
-    spark = build_session(master, "kwire-analyze", data_bytes=dataset_bytes(dataset))
-    with console.status("running Spark jobs..."):
-        analyse(
-            spark,
-            dataset,
-            out,
-            jobs=names,
-            versions=versions,
-            target_releases=releases,
-            combined=combine_runs,
-            sources=source or None,
-        )
+    spark, where = _session(dataset, master, local, "kwire-analyze")
+    try:
+        with console.status("running Spark jobs" + (f" on {where}..." if where else "...")):
+            analyse(
+                spark,
+                dataset,
+                out,
+                jobs=names,
+                versions=versions,
+                target_releases=releases,
+                combined=combine_runs,
+                sources=source or None,
+            )
+    finally:
+        if where:  # the server's session (its kept intermediates) goes; the server stays
+            spark.stop()
     results = report.load_results(out)
     results.pop("findings", None)  # written by analyse() from these results: rebuilt below
     found = report.findings(results)
@@ -204,6 +227,7 @@ def analyze(
         console.print(f"{len(page.tables)} supporting tables: --tables prints them; report.html shows them")
     console.print(
         f"results: {out}/<result>/ (Parquet); report: {html_path}; {time.perf_counter() - start:.1f}s"
+        + (f" on {where}" if where else "")
     )
 
 
@@ -238,7 +262,10 @@ def audit(
     kafka_versions: Annotated[
         Path | None, typer.Option(help="broker_api_versions.json [default: shared copy, else bundled table]")
     ] = None,
-    master: Annotated[str | None, typer.Option(help="Spark master URL [default: local[*]]")] = None,
+    master: Annotated[
+        str | None, typer.Option(help="Spark master URL [default: the dataset's warm server, else local[*]]")
+    ] = None,
+    local: Annotated[bool, typer.Option("--local", help=_LOCAL_HELP)] = False,
 ) -> None:
     """List every (client, api, version) the given Kafka release would not accept.
 
@@ -249,15 +276,18 @@ def audit(
     (release,) = _resolve(versions, [broker_version])
 
     from spark_jobs.common import load_tables
-    from spark_jobs.session import build_session
     from spark_jobs.unsupported_versions import audit_release, release_table
 
-    spark = build_session(master, "kwire-audit")
-    tables = load_tables(spark, dataset)
-    rows = [
-        r.asDict()
-        for r in audit_release(tables.exchanges, release_table(spark, versions, [release])).collect()
-    ]
+    spark, where = _session(dataset, master, local, "kwire-audit", sized=False)
+    try:
+        tables = load_tables(spark, dataset)
+        rows = [
+            r.asDict()
+            for r in audit_release(tables.exchanges, release_table(spark, versions, [release])).collect()
+        ]
+    finally:
+        if where:
+            spark.stop()
     for r in rows:
         r.pop("client_key", None)
     blocking = [r for r in rows if strict or r["severity"] == "error"]

@@ -46,6 +46,7 @@ __all__ = [
     "register_views",
     "serve",
     "sql",
+    "warm_session",
 ]
 
 #: The warm server's address file, inside the dataset it serves.
@@ -262,25 +263,27 @@ def serve(
     ``kwire analyze``). The JVM's log goes to DATASET/.kwire-sql-server.log."""
     if _accepts(host, port, 0.5):
         raise _fail(f"{host}:{port} is already in use (another server? choose --port)")
-    from spark_jobs.session import dataset_bytes, small_data_sql_conf
+    from spark_jobs.session import dataset_bytes
 
     log = dataset / ".kwire-sql-server.log"
     warehouse = tempfile.mkdtemp(prefix="kwire-sql-warehouse-")
-    # A long-lived JVM keeps the full JIT (it earns it back); small data gets the small-data SQL
-    # settings, which cut a query's planning and code generation.
-    sql_conf = small_data_sql_conf(dataset_bytes(dataset))
+    # Small data gets the small-data settings, the JVM's too (the JIT's first tier): on the demo
+    # dataset, eight `kwire analyze` runs one after the other on a new server took 14.7, 9.9, 9.1,
+    # 9.2, 8.9, 8.5, 8.9 and 8.3 s with them, 19.8, 12.1, 9.7, 8.5, 8.7, 7.8, 8.9 and 8.3 s with
+    # the full JIT, which never earned back its start. Running an analysis in the server before
+    # it serves made the later ones slower (10.7-11.2 s).
     spark = _start_session(
         master,
         "kwire-sql-server",
         log,
         {
-            **sql_conf,
             "spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
             "spark.connect.grpc.binding.address": host,
             "spark.connect.grpc.binding.port": str(port),
             # catalog tables are external (the dataset's own folders); nothing lands in the cwd
             "spark.sql.warehouse.dir": Path(warehouse).as_uri(),
         },
+        data_bytes=dataset_bytes(dataset),
     )
     stop = stop or threading.Event()
     state = dataset / SERVER_FILE
@@ -299,11 +302,14 @@ def serve(
                 signal.signal(sig, lambda *_: stop.set())
         if ready is not None:
             ready.set()
-        seen = _dataset_state(dataset)
+        seen = changed = _dataset_state(dataset)
         with contextlib.suppress(KeyboardInterrupt):
             while not stop.wait(1.0):
                 now = _dataset_state(dataset)
-                if now != seen:  # a new decode or `kwire analyze` run: serve what is there now
+                # A new decode or `kwire analyze` run: serve what is there once it has stopped
+                # changing for a second (an analysis on this server writes its results one by one).
+                settled, changed = now == changed, now
+                if now != seen and settled:
                     seen = now
                     tables = register_tables(spark, dataset)
                     info = ServerInfo(url, host, port, os.getpid(), str(dataset.resolve()), tables)
@@ -383,6 +389,24 @@ def _remote_session(info: ServerInfo):
     from pyspark.sql import SparkSession
 
     return SparkSession.builder.remote(info.url).getOrCreate()
+
+
+def warm_session(dataset: Path, data_bytes: int | None):
+    """A Spark Connect session on the warm server serving ``dataset`` (``kwire sql --serve``),
+    with the SQL settings for ``data_bytes`` of data; None when no server serves it. ``kwire
+    analyze`` and ``kwire audit`` run there: no JVM to start, and a JVM whose planner is compiled."""
+    from spark_jobs.session import session_sql_conf
+
+    info = find_server(dataset)
+    if info is None:
+        return None
+    try:
+        spark = _remote_session(info)
+        for key, value in session_sql_conf(data_bytes).items():  # this session's alone
+            spark.conf.set(key, value)
+    except Exception as exc:
+        raise _fail(f"cannot use the Spark Connect server at {info.url}: {error_line(exc)}", 1) from None
+    return spark
 
 
 # --- the command ------------------------------------------------------------------------------

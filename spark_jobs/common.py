@@ -21,7 +21,7 @@ from pyspark.sql.types import ArrayType, DataType, MapType, StructType, _parse_d
 
 from decoder.protocol import API_NAMES, ERRORS
 from kwire.schema import CONNECTIONS_SCHEMA, EXCHANGES_SCHEMA
-from spark_jobs.session import one_partition
+from spark_jobs.session import is_connect, one_partition
 
 __all__ = [
     "CLIENT_COLUMNS",
@@ -158,7 +158,9 @@ def materialize(df: DataFrame) -> DataFrame:
 
 def release(df: DataFrame) -> None:
     """Drop the rows :func:`materialize` kept for ``df`` (else they go when the JVM collects
-    the DataFrame)."""
+    the DataFrame; a Connect client's checkpoint goes when its DataFrame does)."""
+    if is_connect(df.sparkSession):
+        return
     plan = df._jdf.queryExecution().analyzed()
     if plan.getClass().getSimpleName() == "LogicalRDD":
         plan.rdd().unpersist(False)

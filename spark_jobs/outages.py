@@ -348,6 +348,19 @@ def _covered(sent: DataFrame, silences: DataFrame) -> DataFrame:
     )
 
 
+#: Counts of an outage that are 0, not null, where no row of their kind fell in the silence.
+_COUNTS_FILLED = (
+    "requests_unanswered",
+    "clients_affected",
+    "connections_waiting",
+    "connections_refused",
+    "syns_unanswered",
+    "connections_closed",
+    "connections_abandoned",
+    "requests_answered_late",
+)
+
+
 def _outages(
     silences: DataFrame,
     left: DataFrame,
@@ -398,19 +411,9 @@ def _outages(
         .join(by_api, key, "left")
         .join(per_conns, key, "left")
         .join(_answered_late(exchanges, silences, thin=thin), key, "left")
-        .fillna(
-            0,
-            subset=[
-                "requests_unanswered",
-                "clients_affected",
-                "connections_waiting",
-                "connections_refused",
-                "syns_unanswered",
-                "connections_closed",
-                "connections_abandoned",
-                "requests_answered_late",
-            ],
-        )
+        # coalesce, not fillna: a Connect server plans fillna as never null, classic PySpark's
+        # JVM call as nullable, and the result files are to be the same either way
+        .withColumns({c: F.coalesce(F.col(c), F.lit(0)) for c in _COUNTS_FILLED})
     )
     burst = (F.col("connections_closed") >= min_closed) & (
         _us("last_closed") - _us("first_closed") <= int(burst_s * _US)

@@ -101,6 +101,13 @@ def one_partition(spark: SparkSession) -> bool:
     return spark.conf.get(ONE_PARTITION_CONF, "false") == "true"
 
 
+def is_connect(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a Spark Connect client session (a warm server's, see
+    ``kwire sql --serve``) rather than one driving its own JVM through py4j. Told apart by
+    class module, so a classic run never imports the Connect client (gRPC)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
 def is_local_master(master: str | None) -> bool:
     return master is None or master.startswith("local")
 
@@ -139,6 +146,26 @@ def small_data_sql_conf(data_bytes: int | None = 0) -> dict[str, str]:
     if profile == "large":
         return {}
     return {**_SMALL_SQL_CONF, **(_TINY_SQL_CONF if profile == "tiny" else {})}
+
+
+#: Spark's own values (kwire's for the shuffle partitions of a local master) of every key the
+#: small and tiny settings change: :func:`session_sql_conf` states each one.
+_LARGE_SQL_CONF = {
+    INPUTS_IN_MEMORY_CONF: "false",
+    ONE_PARTITION_CONF: "false",
+    "spark.sql.shuffle.partitions": str(max(2, 2 * (os.cpu_count() or 2))),
+    "spark.sql.adaptive.enabled": "true",
+    "spark.sql.ui.explainMode": "formatted",
+    "spark.sql.autoBroadcastJoinThreshold": "10MB",
+    "spark.sql.codegen.wholeStage": "true",
+    "spark.sql.codegen.factoryMode": "FALLBACK",
+}
+
+
+def session_sql_conf(data_bytes: int | None) -> dict[str, str]:
+    """Every SQL setting the size of the data decides, with its value for ``data_bytes``: what
+    a session on a long-lived server (started for a dataset of another size) sets for one run."""
+    return {**_LARGE_SQL_CONF, **small_data_sql_conf(data_bytes)}
 
 
 def inputs_in_memory(spark: SparkSession) -> bool:

@@ -34,7 +34,14 @@ from pyspark.sql.types import StructType
 from spark_jobs.common import Tables, combine_runs, load_tables, materialize
 from spark_jobs.jobs import JOBS, parse_job_list, run_jobs
 from spark_jobs.kafka_versions import BrokerVersions, load_broker_versions
-from spark_jobs.session import build_session, dataset_bytes, inputs_in_memory, one_partition, small_data
+from spark_jobs.session import (
+    build_session,
+    dataset_bytes,
+    inputs_in_memory,
+    is_connect,
+    one_partition,
+    small_data,
+)
 
 __all__ = ["analyse", "main", "only_sources", "write_results"]
 
@@ -76,15 +83,21 @@ def collect_arrow(df: DataFrame) -> pa.Table:
     nullability of the planned columns (``toArrow`` keeps the declared one, and the optimiser
     proves some columns never null), and the metadata with which Spark reads its own files back
     with their exact types."""
-    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
-    planned = df._jdf.queryExecution().executedPlan().schema().json()
+    table = df.toArrow()
+    if is_connect(df.sparkSession):
+        # A Connect client sees only the analysed schema, whose nullability can differ from the
+        # executed plan's either way; the server's Arrow batches carry the executed plan's.
+        planned = json.dumps(from_arrow_schema(table.schema).jsonValue(), separators=(",", ":"))
+    else:
+        planned = df._jdf.queryExecution().executedPlan().schema().json()
     schema = to_arrow_schema(StructType.fromJson(json.loads(planned)), timezone="UTC")
     spark_metadata = {
         "org.apache.spark.version": df.sparkSession.version,
         "org.apache.spark.sql.parquet.row.metadata": planned,
     }
-    return df.toArrow().cast(schema).replace_schema_metadata(spark_metadata)
+    return table.cast(schema).replace_schema_metadata(spark_metadata)
 
 
 def write_arrow(table: pa.Table, folder: Path) -> None:
@@ -144,7 +157,8 @@ def analyse(
     }
 
     def run_one(name: str) -> tuple[dict[str, DataFrame], dict[str, float]]:
-        spark.sparkContext.setJobDescription(name)  # labels its Spark jobs (UI, event log)
+        if not is_connect(spark):  # a Connect server labels each client's jobs by session
+            spark.sparkContext.setJobDescription(name)  # labels its Spark jobs (UI, event log)
         results = run_jobs(tables, [name], options, **context)
         return results, write_results(results, out, log=log)
 

@@ -26,8 +26,11 @@ pytest.importorskip("pyspark")
 import typer
 from spark_fixtures import spark  # noqa: F401
 from typer.testing import CliRunner
+from warm_server import warm_server
 
+from kwire.analytics_commands import audit
 from kwire.sql_command import SERVER_FILE, error_line, find_server, sql
+from spark_jobs.submit import analyse
 
 pytestmark = pytest.mark.spark
 
@@ -39,7 +42,7 @@ QUERY = (
 )
 app = typer.Typer()
 app.command()(sql)
-app.command("other")(lambda: None)  # two commands: `sql` is then a sub-command, as in kwire
+app.command()(audit)
 runner = CliRunner()
 
 
@@ -203,21 +206,24 @@ def _free_port() -> int:
     pytest.skip("no free port in 41540-41559")
 
 
-def test_warm_server_answers_later_queries(dataset):
+def _kwire(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run([*KWIRE, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def result_files(report: Path) -> dict[str, tuple[pa.Schema, dict, list[dict]]]:
+    """Every result folder of an analysis: its file's schema (with Spark's metadata) and rows."""
+    found = {}
+    for folder in sorted(p for p in report.iterdir() if p.is_dir()):
+        table = pq.ParquetDataset(folder).read()
+        found[folder.name] = (table.schema, table.schema.metadata, table.to_pylist())
+    return found
+
+
+def test_warm_server_answers_later_queries(spark, dataset):  # noqa: F811
     port = _free_port()
-    server = subprocess.Popen(
-        [*KWIRE, "sql", str(dataset), "--serve", "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 300
-        while find_server(dataset) is None:
-            assert server.poll() is None, server.communicate(timeout=10)
-            assert time.monotonic() < deadline, "server not ready in 300 s"
-            time.sleep(0.5)
+    popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    with warm_server(dataset, port, **popen) as server:
         info = find_server(dataset)
         assert info.url == f"sc://127.0.0.1:{port}" and info.pid == server.pid
         assert {"exchanges", "connections", "partition_errors", "client_summary"} <= set(info.tables)
@@ -248,16 +254,33 @@ def test_warm_server_answers_later_queries(dataset):
         late = _run([str(dataset), "SELECT sum(x) AS s FROM late_result", "-T", "csv"])
         assert (late.returncode, late.stdout) == (0, "s\n6\n"), late.stderr
 
+        # `kwire analyze` and `kwire audit` run on the server when it serves the dataset: the
+        # same result files (schema, Spark's metadata, rows) as an analysis in a local session.
+        served = dataset.parent / "served-report"
+        done = _kwire(["analyze", str(dataset), "-o", str(served)], timeout=900)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.rstrip().endswith("on the warm server"), done.stdout[-500:]
+        local = dataset.parent / "local-report"
+        analyse(spark, dataset, local)
+        assert result_files(served) == result_files(local)
+        assert len(result_files(local)) >= 20  # every job's results, the findings too
+        audited = _kwire(["audit", str(dataset), "--broker-version", "0.9", "--json"])
+        assert audited.returncode == 1, audited.stderr  # 0.9 knows none of the newer versions
+        here = runner.invoke(app, ["audit", str(dataset), "--broker-version", "0.9", "--json", "--local"])
+        assert (here.exit_code, json.loads(here.stdout)) == (1, json.loads(audited.stdout))
+        assert json.loads(audited.stdout)["violations"]
+        # the server is still there and serving after the analysis closed its session
+        after = _run([str(dataset), "SELECT count(*) AS n FROM exchanges", "-T", "csv"])
+        assert after.returncode == 0 and after.stdout.split()[1] == str(
+            len(pq.read_table(dataset / "exchanges"))
+        )
+
         # SIGTERM stops it cleanly, removing its file.
         server.send_signal(signal.SIGTERM)
         out, _ = server.communicate(timeout=120)
         assert server.returncode == 0
         assert f"sc://127.0.0.1:{port}" in out
         assert not (dataset / SERVER_FILE).exists()
-    finally:
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait(timeout=30)
 
 
 def test_queries_from_stdin_one_per_line(spark, dataset):  # noqa: F811
