@@ -18,6 +18,7 @@ from spark_jobs.session import (
     SMALL_DATA_BYTES,
     TINY_DATA_BYTES,
     data_profile,
+    session_sql_conf,
     small_data,
     small_data_sql_conf,
 )
@@ -130,6 +131,12 @@ def test_size_tiers(monkeypatch) -> None:
         assert conf[INPUTS_IN_MEMORY_CONF] == "true"
     # tiny data interprets its rows; small data compiles code
     assert tiny["spark.sql.codegen.wholeStage"] == "false" and "spark.sql.codegen.wholeStage" not in small
+    # a session on a long-lived server states every setting the size decides, whatever the size
+    large = session_sql_conf(None)
+    assert set(session_sql_conf(1)) == set(session_sql_conf(TINY_DATA_BYTES + 1)) == set(large)
+    assert set(tiny) <= set(large) and session_sql_conf(1) == {**large, **tiny}
+    assert large[ONE_PARTITION_CONF] == large[INPUTS_IN_MEMORY_CONF] == "false"
+    assert large["spark.sql.codegen.wholeStage"] == "true" and large["spark.sql.adaptive.enabled"] == "true"
     monkeypatch.setenv("KWIRE_SPARK_PROFILE", "small")
     assert data_profile(1) == "small" and data_profile(None) == "small"
     monkeypatch.setenv("KWIRE_SPARK_PROFILE", "LARGE")
