@@ -5,8 +5,9 @@ A query runs in one of two places:
 * a **warm server** started with ``kwire sql DATASET --serve``: a Spark session that stays up with
   a Spark Connect endpoint on loopback (``sc://127.0.0.1:15002``) and the dataset registered as
   catalog tables. It leaves ``DATASET/.kwire-sql-server.json``; a later ``kwire sql DATASET QUERY``
-  finds it and sends the query there, paying no JVM start. Notebooks and BI tools that speak
-  Spark Connect can use the same endpoint.
+  finds it and sends the query there, paying no JVM start, and so do ``kwire analyze`` and
+  ``kwire audit`` (:func:`warm_session`). Notebooks and BI tools that speak Spark Connect can use
+  the same endpoint.
 * otherwise a **local session** started for this one command (a JVM start, several seconds).
 
 Output: ``-T table|json|jsonl|csv|fields`` with :class:`kwire.rowprint.RowPrinter`, times in UTC
