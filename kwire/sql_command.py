@@ -386,10 +386,43 @@ def _run_query(spark, text: str, fmt: str, limit: int) -> bool:
     return True
 
 
+#: How long a server found in DATASET/.kwire-sql-server.json (or given by --remote) has to answer
+#: a first request: something else listening on its port would otherwise hold the command for as
+#: long as the Connect client retries (minutes). ``$KWIRE_SQL_ANSWER_SECONDS`` overrides it.
+_ANSWER_SECONDS = 30.0
+
+
 def _remote_session(info: ServerInfo):
+    """A Spark Connect session on ``info``'s server, once the server has answered a first
+    request (its Spark version); raises if it did not within ``_ANSWER_SECONDS``."""
     from pyspark.sql import SparkSession
 
-    return SparkSession.builder.remote(info.url).getOrCreate()
+    got: dict[str, Any] = {}
+
+    def connect() -> None:
+        try:
+            spark = SparkSession.builder.remote(info.url).getOrCreate()
+            spark.version  # noqa: B018 - a round trip: the server answers
+            got["spark"] = spark
+        except Exception as exc:  # handed to the caller below
+            got["error"] = exc
+
+    thread = threading.Thread(target=connect, name="kwire-connect", daemon=True)
+    thread.start()
+    wait = float(os.environ.get("KWIRE_SQL_ANSWER_SECONDS", _ANSWER_SECONDS))
+    thread.join(wait)
+    if thread.is_alive():
+        # The Connect client's thread stays stuck in its retries, and its exit hooks with it:
+        # the process would never end. Say so in one line and leave at once.
+        _fail(
+            f"cannot use the Spark Connect server at {info.url}: no answer in {wait:g} s "
+            "(is it a Spark Connect server? --local runs without it)"
+        )
+        sys.stdout.flush()
+        os._exit(1)
+    if "error" in got:
+        raise got["error"]
+    return got["spark"]
 
 
 def warm_session(dataset: Path, data_bytes: int | None):

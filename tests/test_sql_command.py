@@ -283,6 +283,37 @@ def test_warm_server_answers_later_queries(spark, dataset):  # noqa: F811
         assert not (dataset / SERVER_FILE).exists()
 
 
+def test_a_server_file_pointing_at_a_silent_port_is_one_line_not_a_hang(dataset, tmp_path):
+    """Something else listening where DATASET/.kwire-sql-server.json says the server is (a stale
+    file, a port taken since): the commands say so in one line and exit 1, in bounded time."""
+    import socket
+
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    for table in ("exchanges", "connections"):
+        (ds / table).symlink_to(dataset / table)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)  # accepts connections, never answers
+        port = silent.getsockname()[1]
+        info = {"url": f"sc://127.0.0.1:{port}", "host": "127.0.0.1", "port": port}
+        info |= {"pid": os.getpid(), "dataset": str(ds.resolve()), "tables": []}
+        (ds / SERVER_FILE).write_text(json.dumps(info))
+        env = {**os.environ, "KWIRE_SQL_ANSWER_SECONDS": "3"}
+        for args in (
+            ["sql", str(ds), "SELECT 1"],
+            ["analyze", str(ds)],
+            ["audit", str(ds), "--broker-version", "4.0"],
+        ):
+            done = subprocess.run([*KWIRE, *args], capture_output=True, text=True, timeout=120, env=env)
+            assert (done.returncode, done.stdout) == (1, ""), (args, done.stderr)
+            assert done.stderr.splitlines() == [
+                f"error: cannot use the Spark Connect server at sc://127.0.0.1:{port}: no answer in 3 s "
+                "(is it a Spark Connect server? --local runs without it)"
+            ], done.stderr
+    assert not (ds / "report").exists() or not any((ds / "report").iterdir())
+
+
 def test_queries_from_stdin_one_per_line(spark, dataset):  # noqa: F811
     lines = (
         "SELECT count(*) AS n FROM connections;\n"
