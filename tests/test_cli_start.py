@@ -60,3 +60,15 @@ def test_no_blas_threads_beside_the_decoder() -> None:
     )
     before, after = map(int, out.split())
     assert after == before  # (pyarrow's own allocator thread is among ``before``)
+
+
+def test_a_run_loads_no_pydantic(tmp_path: Path) -> None:
+    """typer 0.29 imports pydantic to coerce options, 65-70 ms of every command's start; the
+    dependency stops below it (pyproject.toml)."""
+    out = _python(
+        "import sys\n"
+        "from kwire.cli import run\n"
+        f"code = run(['decode', 'captures/tansu-kcat.pcap', '-o', {str(tmp_path / 'd.kwire')!r}, '-q'])\n"
+        "print(code, sorted(m for m in sys.modules if m.split('.')[0] == 'pydantic'))\n"
+    )
+    assert out.splitlines()[-1] == "0 []", out
