@@ -39,10 +39,13 @@ partial overlaps are trimmed, which slices).
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from operator import itemgetter
 from typing import Literal
 
+from decoder.compiled import load
 from decoder.fastclass import fast_constructor
 from decoder.pcap import ACK, FIN, RST, SYN, TcpSegment
 
@@ -326,6 +329,11 @@ class TcpReassembler:
             else:
                 self._data(conn, d, h, seg.seq, payload, ts, out)
         return out
+
+    def feeder(self) -> Callable[[TcpSegment], list[Event]]:
+        """``feed`` as one callable, its common segment taken in C (``decoder/_tcpfast.c``) when
+        that is built: for the loops that feed every packet."""
+        return self.feed if _tcpfast is None else partial(_tcpfast.feed, self)
 
     def flush_idle(self, now_ns: int) -> list[Event]:
         """Close connections without packets for `idle_timeout_ns` before `now_ns` and forget old
@@ -626,3 +634,10 @@ class TcpReassembler:
         if target > h.off:
             self._advance(conn, d, h, target, ts, out)
             self._maybe_close(conn, ts, out)
+
+
+# The common segment of ``TcpReassembler.feed`` compiled (decoder/_tcpfast.c: why, and when it
+# hands a segment to ``feed``); KWIRE_PURE_PYTHON=1 leaves it out.
+_tcpfast = load("_tcpfast", "compiled TCP fast path")
+if _tcpfast is not None:
+    _tcpfast.configure(TcpSegment, _Conn, _Half, StreamData)

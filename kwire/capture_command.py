@@ -111,7 +111,7 @@ class Sidecar:
                 self.error = str(exc)
                 log.error("%s", exc)
                 return
-            feed, event = self.reassembler.feed, self._event
+            feed, event = self.reassembler.feeder(), self._event
             try:
                 for segment in iter_stream_segments(self.program.stdout, self.interface):
                     self.packets += 1

@@ -121,7 +121,7 @@ def decode_captures(
     try:
         if len(runs) == 1:  # the common case, without tagging each segment with its file
             reassembler, streams = runs[0]
-            rfeed, feed = reassembler.feed, streams.feed
+            rfeed, feed = reassembler.feeder(), streams.feed
             segments = _read_errors_as_damage(iter_segments(paths[0], capture), names[0])
             top = 0
             for count, segment in enumerate(segments, 1):
@@ -135,14 +135,15 @@ def decode_captures(
                     progress(capture)
             last_ts[0] = top
         else:
+            feeds = [(reassembler.feeder(), streams.feed) for reassembler, streams in runs]
             for count, (index, segment) in enumerate(_merged(paths, names, capture), 1):
                 ts = segment.ts_ns
                 if ts > last_ts[index]:
                     last_ts[index] = ts
                 if shards is None or shards.part_of(segment) == part:
-                    reassembler, streams = runs[index]
-                    for event in reassembler.feed(segment):
-                        streams.feed(event)
+                    rfeed, feed = feeds[index]
+                    for event in rfeed(segment):
+                        feed(event)
                 if progress is not None and count % _PROGRESS_EVERY == 0:
                     progress(capture)
     except CaptureError as exc:

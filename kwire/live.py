@@ -207,10 +207,11 @@ def decode_stream(
     )
     error: CaptureError | None = None
     last = 0
+    rfeed = reassembler.feeder()
     try:
         for segment in segments:
             last = max(last, segment.ts_ns)
-            for event in reassembler.feed(segment):
+            for event in rfeed(segment):
                 streams.feed(event)
             if after_segment is not None:
                 after_segment()

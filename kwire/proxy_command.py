@@ -179,11 +179,12 @@ def proxy(
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error")] = "info",
 ) -> None:
     """Forward Kafka clients to brokers, record every exchange, optionally inject faults."""
+    arguments = dict(locals())  # the options as converted for this call (ctx.params may hold raw text)
     from proxy.config_file import ConfigError, FileConfig, load_config
     from proxy.inject import RuleError, load_rules, parse_rule
     from proxy.server import Proxy, ProxyConfig, check_io, parse_address
 
-    given = dict(ctx.params)
+    given = {name: arguments[name] for name in ctx.params}
     file: FileConfig | None = None
     if config_file is not None:
         try:

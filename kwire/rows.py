@@ -12,7 +12,8 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from decoder import protocol
+from decoder import extract, protocol
+from decoder.compiled import load
 from decoder.events import (
     Event,
     MalformedFrame,
@@ -110,6 +111,10 @@ class ExchangeRows:
         if isinstance(event, ResponseReceived):
             request, response = event.request, event.response
             status = request.status if request.status != "ok" else response.status
+            if _exchange_row is not None:
+                return _exchange_row(
+                    self, request, response, status, response.decode_error or request.decode_error
+                )
             return self._row(request, response, status, response.decode_error or request.decode_error)
         if isinstance(event, NoResponseExpected):
             return self._row(
@@ -215,3 +220,23 @@ class ExchangeRows:
         if "error_code" in row:
             row["error_name"] = protocol.error_name(row["error_code"])
         return row
+
+
+# ``_row`` compiled (kwire/_exchangerows.c: why, and what it is handed) for the common row, an
+# answered request; KWIRE_PURE_PYTHON=1 leaves it out.
+_exchangerows = load("_exchangerows", "compiled exchange rows", package="kwire")
+if _exchangerows is not None:
+    _exchangerows.configure(
+        ExchangeRows,
+        ConnectionInfo,
+        Request,
+        Response,
+        _day_name,
+        protocol.api_name,
+        protocol.error_name,
+        extract._request_values,
+        extract._response_values,
+    )
+    _exchange_row = _exchangerows.exchange_row
+else:
+    _exchange_row = None
