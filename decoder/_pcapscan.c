@@ -7,13 +7,19 @@ Kafka captures (classic pcap, Ethernet, untagged IPv4 without options, TCP) and 
 back to the Python reader, which stays the reference: KWIRE_PURE_PYTHON=1 reads with it alone, and
 tests/test_pcapscan.py checks both give the same segments and counters on every capture.
 
-scan(buf, pos, rec_len, big_endian, frac_ns, limit, max_records) -> (segments, pos, records, snapped)
+scan(buf, pos, rec_len, big_endian, frac_ns, limit, max_records[, weights, unit, max_pairs])
+    -> (segments, pos, records, snapped)
 walks the records of `buf` from `pos` while each one is complete, not longer than `limit`, and is an
 Ethernet + IPv4 (IHL 5) + TCP packet that decoder.pcap._ethernet would take in its one-unpack fast
 path; it stops before the first record that is not (or after `max_records`), so the Python loop
 decides about that one exactly as before. The TcpSegment slots are filled directly (the class is
 given once with set_segment_class): a frozen dataclass only forbids __setattr__, and its slots are
 plain member descriptors. Never reads outside buf, never raises on capture bytes.
+
+Given a weights dict, scan makes no segments: it adds each record's connection to the weights as
+kwire.shards.ConnectionWeights.add does (the first pass of a decode split among processes,
+kwire.decode_command.plan_shards, which took 0.09 s of CPU before any worker started on the chatty
+benchmark capture: 162,523 segments made only to be weighed).
 */
 
 #define PY_SSIZE_T_CLEAN
@@ -97,14 +103,48 @@ static PyObject *segment(long long ts, const unsigned char *pkt, const unsigned 
     return seg;
 }
 
+/* weights[pair] += 1 + size // unit for a segment of `size` payload bytes (new pairs only while the
+   dict holds fewer than max_pairs): kwire.shards.ConnectionWeights.add, whose pair is the lower
+   port << 16 | the higher. 0, or -1 with an exception set. */
+static int weigh(PyObject *weights, Py_ssize_t unit, Py_ssize_t max_pairs, const unsigned char *pkt,
+                 Py_ssize_t size) {
+    if (size <= 0) return 0;
+    uint32_t a = be16(pkt + 34), b = be16(pkt + 36);
+    PyObject *key = PyLong_FromUnsignedLong(a < b ? a << 16 | b : b << 16 | a);
+    if (key == NULL) return -1;
+    PyObject *had = PyDict_GetItemWithError(weights, key);
+    long long weight = 1 + size / unit;
+    int failed = 0;
+    if (had != NULL) {
+        long long before = PyLong_AsLongLong(had);
+        failed = before == -1 && PyErr_Occurred();
+        weight += before;
+    } else if (PyErr_Occurred() || PyDict_GET_SIZE(weights) >= max_pairs) {
+        failed = PyErr_Occurred() != NULL;
+        Py_DECREF(key);
+        return failed ? -1 : 0;
+    }
+    PyObject *value = failed ? NULL : PyLong_FromLongLong(weight);
+    failed = value == NULL || PyDict_SetItem(weights, key, value) < 0;
+    Py_XDECREF(value);
+    Py_DECREF(key);
+    return failed ? -1 : 0;
+}
+
 static PyObject *scan(PyObject *self, PyObject *args) {
     Py_buffer view;
-    Py_ssize_t pos, rec_len, limit, max_records;
+    Py_ssize_t pos, rec_len, limit, max_records, unit = 1, max_pairs = 0;
     int big_endian;
     long long frac_ns;
-    if (!PyArg_ParseTuple(args, "y*nnpLnn", &view, &pos, &rec_len, &big_endian, &frac_ns, &limit,
-                          &max_records))
+    PyObject *weights = Py_None;
+    if (!PyArg_ParseTuple(args, "y*nnpLnn|Onn", &view, &pos, &rec_len, &big_endian, &frac_ns, &limit,
+                          &max_records, &weights, &unit, &max_pairs))
         return NULL;
+    if (weights != Py_None && (!PyDict_CheckExact(weights) || unit <= 0)) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_TypeError, "weights: a dict, with a unit of 1 byte or more");
+        return NULL;
+    }
     if (segment_type == NULL) {
         PyBuffer_Release(&view);
         PyErr_SetString(PyExc_RuntimeError, "set_segment_class first");
@@ -133,13 +173,17 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         if (20 <= total && (Py_ssize_t)total < end - off - 14) end = off + 14 + total;
         Py_ssize_t p = off + 34 + ((doff >> 4) << 2);
         if (p > end || (total != 0 && total < 20)) break;
-        PyObject *seg = segment((long long)sec * 1000000000LL + (long long)frac * frac_ns, pkt, buf, p,
-                                end);
-        if (seg == NULL || PyList_Append(out, seg) < 0) {
-            Py_XDECREF(seg);
-            goto fail;
+        if (weights != Py_None) { /* weighed, not handed out */
+            if (weigh(weights, unit, max_pairs, pkt, end - p) < 0) goto fail;
+        } else {
+            PyObject *seg = segment((long long)sec * 1000000000LL + (long long)frac * frac_ns, pkt, buf, p,
+                                    end);
+            if (seg == NULL || PyList_Append(out, seg) < 0) {
+                Py_XDECREF(seg);
+                goto fail;
+            }
+            Py_DECREF(seg);
         }
-        Py_DECREF(seg);
         records++;
         if (caplen < wirelen) snapped++;
         pos = off + caplen;
@@ -154,7 +198,9 @@ fail:
 }
 
 static PyMethodDef methods[] = {
-    {"scan", scan, METH_VARARGS, "(segments, pos, records, snapped) of the common records from pos."},
+    {"scan", scan, METH_VARARGS,
+     "(segments, pos, records, snapped) of the common records from pos; given (weights, unit, max_pairs), "
+     "their connections weighed into weights instead, and no segments."},
     {"set_segment_class", set_segment_class, METH_O, "The slotted class scan fills (TcpSegment)."},
     {NULL, NULL, 0, NULL}};
 

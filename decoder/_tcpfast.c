@@ -2,7 +2,9 @@
 
 Why hand-written: after the compiled pcap reader (decoder/_pcapscan.c), feed was the largest Python
 step per packet on the benchmark captures: 0.13 s of chatty's 1.9 s of CPU (162,523 segments) and
-0.08 s of bulk's, for the few lines of its in-order path.
+0.08 s of bulk's, for the few lines of its in-order path. Here: 0.15 -> 0.08 s for chatty's
+segments alone; a whole `kwire decode -j 1` of chatty's first 20 MB took 403M fewer instructions
+of 7.33G (5.5%, valgrind, 2026-12-06).
 
 feed(reassembler, segment) -> events
     Takes the segment itself when it is the common one: a known connection, no SYN, FIN or RST, no

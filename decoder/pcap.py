@@ -36,7 +36,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields
 from operator import attrgetter
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from decoder.compiled import load
 from decoder.fastclass import fast_constructor
@@ -606,7 +606,7 @@ class _Reader:
         return part
 
 
-def _pcap_records(r: _Reader, head: bytes) -> Iterator[TcpSegment]:
+def _pcap_records(r: _Reader, head: bytes, weigh: tuple[Any, ...] = ()) -> Iterator[TcpSegment]:
     endian, frac_ns, rec_len = _PCAP_MAGIC[head]
     hdr = head + _read_exact(r.f, 20)
     if len(hdr) < 24:
@@ -636,7 +636,7 @@ def _pcap_records(r: _Reader, head: bytes) -> Iterator[TcpSegment]:
                 if fast:  # the common records in C (decoder/_pcapscan.c); this loop takes the rest
                     begin = pos
                     segments, pos, given, given_snapped = _scan(
-                        buf, pos, rec_len, big, frac_ns, limit, _SCAN_RECORDS
+                        buf, pos, rec_len, big, frac_ns, limit, _SCAN_RECORDS, *weigh
                     )
                     npk += given
                     snapped += given_snapped
@@ -879,6 +879,18 @@ def iter_segments(path: str | os.PathLike[str], stats: CaptureStats | None = Non
     yield from _segments(path, name, stats, None)
 
 
+def weigh_segments(
+    path: str | os.PathLike[str], weights: dict[int, int], unit: int, max_pairs: int
+) -> Iterator[TcpSegment]:
+    """`iter_segments` for weighing a capture's connections (``kwire.shards.ConnectionWeights``):
+    the segments the compiled pcap loop reads are added to `weights` there (per port pair, the
+    lower port << 16 | the higher: one for a segment with payload, one more per `unit` bytes of
+    it; a new pair only while `weights` holds fewer than `max_pairs`) and not yielded; the others
+    (pcapng, other link types, pure-Python mode) are yielded for the caller to weigh."""
+    name = os.fspath(path)
+    yield from _segments(path, name, None, None, (weights, unit, max_pairs) if _scan is not None else ())
+
+
 def iter_stream_segments(
     stream: BinaryIO, name: str = "-", stats: CaptureStats | None = None
 ) -> Iterator[TcpSegment]:
@@ -889,9 +901,14 @@ def iter_stream_segments(
 
 
 def _segments(
-    path: str | os.PathLike[str], name: str, stats: CaptureStats | None, stream: BinaryIO | None
+    path: str | os.PathLike[str],
+    name: str,
+    stats: CaptureStats | None,
+    stream: BinaryIO | None,
+    weigh: tuple[Any, ...] = (),
 ) -> Iterator[TcpSegment]:
-    """The records of one capture (a file at `path`, or `stream`), counted in `stats`."""
+    """The records of one capture (a file at `path`, or `stream`), counted in `stats`; with
+    `weigh` (see :func:`weigh_segments`), those the compiled loop reads are weighed, not yielded."""
     if stats is None:
         stats = CaptureStats()
     f, head = _open(path, name, stream)
@@ -901,7 +918,7 @@ def _segments(
         if head == _PCAPNG_MAGIC:
             yield from _pcapng_records(r, head)
         else:
-            yield from _pcap_records(r, head)
+            yield from _pcap_records(r, head, weigh)
     finally:
         r.flush(0)
         f.close()

@@ -6,6 +6,10 @@ bench's chatty capture (81,070 exchanges) ExchangeRows.row took 4.7-4.9 us an ex
 in the row values: the rest is the dict of about 25 keys built through _base, _us, utc_date,
 api_name, error_name and exchange_values' merge, each a Python call. Cython on rows.py and the
 modules around it gained nothing (2026-12-06: 1.90 s against 1.90 s for that capture's decode).
+Measured with valgrind (instructions of a whole `kwire decode -j 1` of the capture's first 20 MB,
+36k exchanges, 2026-12-06): the row here saves 350M of 7.43G (4.7%; about 9,700 per exchange),
+the drain another 155M (2.2%); ExchangeRows.row went from 4.7-4.9 to 3.5-3.7 us an exchange, and
+the proxy's recorder (bench/recorder_replay.py, decoding and rows) from 9.3 to 7.5-8.1 us.
 
 It holds no knowledge of its own: the same keys in the same order as ExchangeRows._row, and the
 functions it cannot do without are rows.py's own (_day_name, protocol.api_name and error_name,
@@ -14,10 +18,14 @@ extract's row-value walks), handed over by configure. api_name and error_name ar
 reference: KWIRE_PURE_PYTHON=1 uses it alone, and tests/test_rowvalues.py checks both make the
 same rows, key order included, on every bundled and lab capture.
 
-configure(ExchangeRows, ConnectionInfo, Request, Response, day_name, api_name, error_name,
-          request_values, response_values)
+configure(ExchangeRows, ConnectionInfo, Request, Response, RequestReceived, ResponseReceived, day_name,
+          api_name, error_name, request_values, response_values)
 exchange_row(rows, request, response_or_None, status, decode_error) -> dict
     ExchangeRows._row(request, response, status, decode_error) with request not None.
+drain(rows, events, summary, on_exchange)
+    kwire.pipeline.StreamDecoder._drain: each event's row (RequestReceived noted and
+    ResponseReceived made here, any other event by rows.row), counted into the DecodeSummary and
+    handed to on_exchange, in order. The Python method stays the reference.
 */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -25,22 +33,29 @@ exchange_row(rows, request, response_or_None, status, decode_error) -> dict
 
 #include "../decoder/_slots.h"
 
-enum { X_INFO, X_SW_NAME, X_SW_VERSION, X_N };
-static const char *rows_names[X_N] = {"info", "client_software_name", "client_software_version"};
+enum { X_INFO, X_SW_NAME, X_SW_VERSION, X_CLIENT_ID, X_N };
+static const char *rows_names[X_N] = {"info", "client_software_name", "client_software_version", "client_id"};
 enum { I_SOURCE, I_CONNECTION_ID, I_CLIENT_IP, I_CLIENT_PORT, I_BROKER_IP, I_BROKER_PORT, I_N };
 static const char *info_names[I_N] = {"source",    "connection_id", "client_ip",
                                       "client_port", "broker_ip",   "broker_port"};
 enum { RQ_API_KEY, RQ_API_VERSION, RQ_HEADER_VERSION, RQ_CORRELATION_ID, RQ_CLIENT_ID, RQ_SIZE, RQ_START_NS,
-       RQ_FIELDS, RQ_N };
-static const char *request_names[RQ_N] = {"api_key", "api_version", "header_version", "correlation_id",
-                                          "client_id", "size",       "start_ns",       "fields"};
-enum { RS_CORRELATION_ID, RS_SIZE, RS_END_NS, RS_FIELDS, RS_N };
-static const char *response_names[RS_N] = {"correlation_id", "size", "end_ns", "fields"};
+       RQ_FIELDS, RQ_STATUS, RQ_DECODE_ERROR, RQ_N };
+static const char *request_names[RQ_N] = {"api_key",   "api_version", "header_version", "correlation_id",
+                                          "client_id", "size",        "start_ns",       "fields",
+                                          "status",    "decode_error"};
+enum { RS_CORRELATION_ID, RS_SIZE, RS_END_NS, RS_FIELDS, RS_STATUS, RS_DECODE_ERROR, RS_N };
+static const char *response_names[RS_N] = {"correlation_id", "size", "end_ns", "fields", "status", "decode_error"};
+enum { E_REQUEST, E_RESPONSE, E_N };
+static const char *event_names[E_N] = {"request", "response"};
+
+static Py_ssize_t received_off[1], answered_off[E_N];
+static PyTypeObject *received_type, *answered_type; /* RequestReceived, ResponseReceived */
 
 static Py_ssize_t rows_off[X_N], info_off[I_N], request_off[RQ_N], response_off[RS_N];
 static PyTypeObject *rows_type, *info_type, *request_type, *response_type;
 static PyObject *day_name, *api_name, *error_name, *request_values, *response_values;
 static PyObject *api_names, *error_names; /* caches: api key -> name, error code -> name */
+static PyObject *one; /* 1 */
 static long long last_day = LLONG_MIN;
 static PyObject *last_date; /* the date of last_day */
 
@@ -52,7 +67,8 @@ static PyObject *k_source, *k_connection_id, *k_client_ip, *k_client_port, *k_br
     *k_client_software_name, *k_client_software_version, *k_date, *k_request_time, *k_response_time,
     *k_latency_us, *k_status, *k_decode_error, *k_response_size, *k_correlation_id, *k_api_key, *k_api_name,
     *k_api_version, *k_request_header_version, *k_client_id, *k_request_size, *k_error_code, *k_error_name,
-    *k_member_id, *k_generation_id, *k_records;
+    *k_member_id, *k_generation_id, *k_records, *k_partition_errors, *k_ok, *k_row, *k_exchanges, *k_statuses,
+    *k_apis, *k_errors, *k_client_software_name_field, *k_client_software_version_field;
 
 /* value // divisor as Python computes it (floor), for any int */
 static PyObject *floor_div(PyObject *value, long long divisor) {
@@ -263,18 +279,210 @@ fail:
     return NULL;
 }
 
+/* counter[key] += 1, as a collections.Counter does it (a missing key counts 0) */
+static int count(PyObject *counter, PyObject *key) {
+    PyObject *had = PyDict_GetItemWithError(counter, key);
+    if (had == NULL && PyErr_Occurred())
+        return -1;
+    PyObject *sum = had == NULL ? Py_NewRef(one) : PyNumber_Add(had, one);
+    int failed = sum == NULL || PyObject_SetItem(counter, key, sum) < 0;
+    Py_XDECREF(sum);
+    return failed ? -1 : 0;
+}
+
+/* ExchangeRows._note_request; 1 when it is done, 0 when the Python method must do it */
+static int note_request(PyObject *rows, PyObject *request) {
+    PyObject *client_id = SLOT(request, request_off, RQ_CLIENT_ID), *api_key = SLOT(request, request_off, RQ_API_KEY),
+             *fields = SLOT(request, request_off, RQ_FIELDS);
+    if (client_id == NULL || api_key == NULL || fields == NULL || !PyLong_CheckExact(api_key) ||
+        (fields != Py_None && !PyDict_CheckExact(fields)))
+        return 0;
+    PyObject *known = SLOT(rows, rows_off, X_CLIENT_ID);
+    if ((known == NULL || known == Py_None) && client_id != Py_None) {
+        int some = PyObject_IsTrue(client_id);
+        if (some < 0)
+            return -1;
+        if (some)
+            Py_XSETREF(SLOT(rows, rows_off, X_CLIENT_ID), Py_NewRef(client_id));
+    }
+    int overflow;
+    long key = PyLong_AsLongAndOverflow(api_key, &overflow);
+    if (key == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow || key != 18 || fields == Py_None || PyDict_GET_SIZE(fields) == 0)
+        return 1;
+    PyObject *name = PyDict_GetItemWithError(fields, k_client_software_name_field);
+    if (name == NULL)
+        return PyErr_Occurred() ? -1 : 1;
+    int some = PyObject_IsTrue(name);
+    if (some <= 0)
+        return some;
+    PyObject *version = PyDict_GetItemWithError(fields, k_client_software_version_field);
+    if (version == NULL && PyErr_Occurred())
+        return -1;
+    Py_XSETREF(SLOT(rows, rows_off, X_SW_NAME), Py_NewRef(name));
+    Py_XSETREF(SLOT(rows, rows_off, X_SW_VERSION), Py_NewRef(version ? version : Py_None));
+    return 1;
+}
+
+/* ExchangeRows.row for a ResponseReceived: a new row, or NULL with an exception set */
+static PyObject *answered_row(PyObject *rows, PyObject *event) {
+    PyObject *request = SLOT(event, answered_off, E_REQUEST), *response = SLOT(event, answered_off, E_RESPONSE);
+    if (request == NULL || response == NULL || !Py_IS_TYPE(request, request_type) ||
+        !Py_IS_TYPE(response, response_type))
+        return PyObject_CallMethodOneArg(rows, k_row, event);
+    PyObject *rq_status = SLOT(request, request_off, RQ_STATUS), *rs_status = SLOT(response, response_off, RS_STATUS);
+    PyObject *rq_error = SLOT(request, request_off, RQ_DECODE_ERROR),
+             *rs_error = SLOT(response, response_off, RS_DECODE_ERROR);
+    if (rq_status == NULL || rs_status == NULL || rq_error == NULL || rs_error == NULL)
+        return PyObject_CallMethodOneArg(rows, k_row, event);
+    int not_ok = PyObject_RichCompareBool(rq_status, k_ok, Py_NE);
+    int rs_some = PyObject_IsTrue(rs_error);
+    if (not_ok < 0 || rs_some < 0)
+        return NULL;
+    PyObject *args[5] = {rows, request, response, not_ok ? rq_status : rs_status, rs_some ? rs_error : rq_error};
+    return exchange_row(NULL, args, 5);
+}
+
+/* StreamDecoder._drain's accounting of one row (kwire/pipeline.py) */
+static int account(PyObject *row, PyObject *statuses, PyObject *apis, PyObject *errors) {
+    PyObject *status = PyObject_GetItem(row, k_status);
+    int failed = status == NULL || count(statuses, status) < 0;
+    Py_XDECREF(status);
+    if (failed)
+        return -1;
+    PyObject *name = PyDict_GetItemWithError(row, k_api_name);
+    if (name == NULL && PyErr_Occurred())
+        return -1;
+    int some = name == NULL ? 0 : PyObject_IsTrue(name);
+    if (some < 0 || (some && count(apis, name) < 0))
+        return -1;
+    PyObject *code = PyDict_GetItemWithError(row, k_error_code);
+    if (code == NULL && PyErr_Occurred())
+        return -1;
+    some = code == NULL ? 0 : PyObject_IsTrue(code);
+    if (some < 0)
+        return -1;
+    if (some) {
+        PyObject *named = PyDict_GetItemWithError(row, k_error_name);
+        if (named == NULL && PyErr_Occurred())
+            return -1;
+        int given = named == NULL ? 0 : PyObject_IsTrue(named);
+        if (given < 0)
+            return -1;
+        PyObject *key = given ? Py_NewRef(named) : PyObject_Str(code);
+        failed = key == NULL || count(errors, key) < 0;
+        Py_XDECREF(key);
+        if (failed)
+            return -1;
+    }
+    PyObject *results = PyDict_GetItemWithError(row, k_partition_errors);
+    if (results == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    some = PyObject_IsTrue(results);
+    if (some <= 0)
+        return some;
+    PyObject *iterator = PyObject_GetIter(results), *result;
+    if (iterator == NULL)
+        return -1;
+    while ((result = PyIter_Next(iterator)) != NULL) {
+        PyObject *result_code = PyObject_GetItem(result, k_error_code);
+        Py_DECREF(result);
+        some = result_code == NULL ? -1 : PyObject_IsTrue(result_code);
+        PyObject *key = some > 0 ? cached(error_names, error_name, result_code) : NULL;
+        failed = some < 0 || (some > 0 && (key == NULL || count(errors, key) < 0));
+        Py_XDECREF(key);
+        Py_XDECREF(result_code);
+        if (failed) {
+            Py_DECREF(iterator);
+            return -1;
+        }
+    }
+    Py_DECREF(iterator);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* drain(rows, events, summary, on_exchange): StreamDecoder._drain (kwire/pipeline.py) */
+static PyObject *drain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "drain(rows, events, summary, on_exchange)");
+        return NULL;
+    }
+    PyObject *rows = args[0], *events = args[1], *summary = args[2], *on_exchange = args[3];
+    if (rows_type == NULL || !Py_IS_TYPE(rows, rows_type) || !PyList_CheckExact(events)) {
+        PyErr_SetString(PyExc_TypeError, "drain: an ExchangeRows and a list of events");
+        return NULL;
+    }
+    PyObject *statuses = PyObject_GetAttr(summary, k_statuses), *apis = PyObject_GetAttr(summary, k_apis),
+             *errors = PyObject_GetAttr(summary, k_errors);
+    PyObject *result = NULL;
+    if (statuses == NULL || apis == NULL || errors == NULL)
+        goto done;
+    if (!PyDict_Check(statuses) || !PyDict_Check(apis) || !PyDict_Check(errors)) {
+        PyErr_SetString(PyExc_TypeError, "drain: the summary's counters are not Counters");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events); i++) {
+        PyObject *event = PyList_GET_ITEM(events, i), *row = NULL;
+        if (Py_IS_TYPE(event, received_type)) {
+            PyObject *request = SLOT(event, received_off, 0);
+            int done = request != NULL && Py_IS_TYPE(request, request_type) ? note_request(rows, request) : 0;
+            if (done < 0)
+                goto done;
+            if (done)
+                continue;
+            row = PyObject_CallMethodOneArg(rows, k_row, event);
+        } else if (Py_IS_TYPE(event, answered_type)) {
+            row = answered_row(rows, event);
+        } else {
+            row = PyObject_CallMethodOneArg(rows, k_row, event);
+        }
+        if (row == NULL)
+            goto done;
+        if (row == Py_None) {
+            Py_DECREF(row);
+            continue;
+        }
+        /* summary.exchanges += 1, then the counters, then the row handed on, as in Python */
+        PyObject *exchanges = PyObject_GetAttr(summary, k_exchanges);
+        PyObject *more = exchanges == NULL ? NULL : PyNumber_Add(exchanges, one);
+        Py_XDECREF(exchanges);
+        int failed = more == NULL || PyObject_SetAttr(summary, k_exchanges, more) < 0;
+        Py_XDECREF(more);
+        if (failed || !PyDict_Check(row) || account(row, statuses, apis, errors) < 0) {
+            if (!failed && !PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "drain: a row is not a dict");
+            Py_DECREF(row);
+            goto done;
+        }
+        PyObject *handed = PyObject_CallOneArg(on_exchange, row);
+        Py_DECREF(row);
+        if (handed == NULL)
+            goto done;
+        Py_DECREF(handed);
+    }
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(statuses);
+    Py_XDECREF(apis);
+    Py_XDECREF(errors);
+    return result;
+}
+
 static PyObject *configure(PyObject *self, PyObject *args) {
-    PyObject *types[4], *functions[5];
-    if (!PyArg_ParseTuple(args, "O!O!O!O!OOOOO:configure", &PyType_Type, &types[0], &PyType_Type, &types[1],
-                          &PyType_Type, &types[2], &PyType_Type, &types[3], &functions[0], &functions[1],
-                          &functions[2], &functions[3], &functions[4]))
+    PyObject *types[6], *functions[5];
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!OOOOO:configure", &PyType_Type, &types[0], &PyType_Type, &types[1],
+                          &PyType_Type, &types[2], &PyType_Type, &types[3], &PyType_Type, &types[4], &PyType_Type,
+                          &types[5], &functions[0], &functions[1], &functions[2], &functions[3], &functions[4]))
         return NULL;
     if (slot_offsets(types[0], rows_names, X_N, rows_off) < 0 || slot_offsets(types[1], info_names, I_N, info_off) < 0 ||
         slot_offsets(types[2], request_names, RQ_N, request_off) < 0 ||
-        slot_offsets(types[3], response_names, RS_N, response_off) < 0)
+        slot_offsets(types[3], response_names, RS_N, response_off) < 0 ||
+        slot_offsets(types[4], event_names, 1, received_off) < 0 ||
+        slot_offsets(types[5], event_names, E_N, answered_off) < 0)
         return NULL;
-    PyTypeObject **type_slots[] = {&rows_type, &info_type, &request_type, &response_type};
-    for (int i = 0; i < 4; i++) {
+    PyTypeObject **type_slots[] = {&rows_type, &info_type, &request_type, &response_type, &received_type, &answered_type};
+    for (int i = 0; i < 6; i++) {
         Py_INCREF(types[i]);
         Py_XSETREF(*type_slots[i], (PyTypeObject *)types[i]);
     }
@@ -292,10 +500,12 @@ static PyObject *configure(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
-     "configure(ExchangeRows, ConnectionInfo, Request, Response, day_name, api_name, error_name, "
-     "request_values, response_values)"},
+     "configure(ExchangeRows, ConnectionInfo, Request, Response, RequestReceived, ResponseReceived, day_name, "
+     "api_name, error_name, request_values, response_values)"},
     {"exchange_row", (PyCFunction)(void (*)(void))exchange_row, METH_FASTCALL,
      "exchange_row(rows, request, response, status, decode_error): ExchangeRows._row, compiled"},
+    {"drain", (PyCFunction)(void (*)(void))drain, METH_FASTCALL,
+     "drain(rows, events, summary, on_exchange): StreamDecoder._drain, compiled"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -333,7 +543,16 @@ PyMODINIT_FUNC PyInit__exchangerows(void) {
     INTERN(k_member_id, "member_id");
     INTERN(k_generation_id, "generation_id");
     INTERN(k_records, "records");
-    if ((api_names = PyDict_New()) == NULL || (error_names = PyDict_New()) == NULL)
+    INTERN(k_partition_errors, "partition_errors");
+    INTERN(k_ok, "ok");
+    INTERN(k_row, "row");
+    INTERN(k_exchanges, "exchanges");
+    INTERN(k_statuses, "statuses");
+    INTERN(k_apis, "apis");
+    INTERN(k_errors, "errors");
+    INTERN(k_client_software_name_field, "client_software_name");
+    INTERN(k_client_software_version_field, "client_software_version");
+    if ((api_names = PyDict_New()) == NULL || (error_names = PyDict_New()) == NULL || (one = PyLong_FromLong(1)) == NULL)
         return NULL;
     return PyModule_Create(&module);
 }

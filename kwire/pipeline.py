@@ -39,6 +39,7 @@ from decoder.connection import DEFAULT_FRAME_LIMIT, KafkaConnection, looks_like_
 from decoder.events import MalformedFrame, RequestReceived, ResponseReceived
 from decoder.protocol import error_name
 from decoder.tcp import StreamClosed, StreamData, StreamGap, StreamOpened
+from kwire import rows as rows_module
 from kwire.rows import ConnectionInfo, ExchangeRows, ended_by, utc_date
 
 __all__ = ["SNIFF_LIMIT", "DecodeSummary", "Row", "StreamDecoder"]
@@ -358,6 +359,10 @@ class StreamDecoder:
         return conn.id
 
     def _drain(self, conn: _Conn, events: list[Any]) -> None:
+        if rows_module._drain is not None and rows_module._exchange_row is not None:
+            # the loop below compiled (kwire/_exchangerows.c), which it stays the reference of
+            rows_module._drain(conn.rows, events, self.summary, self.on_exchange)
+            return
         row_of = conn.rows.row  # type: ignore[union-attr]
         summary = self.summary
         statuses, apis, errors = summary.statuses, summary.apis, summary.errors

@@ -223,7 +223,8 @@ class ExchangeRows:
 
 
 # ``_row`` compiled (kwire/_exchangerows.c: why, and what it is handed) for the common row, an
-# answered request; KWIRE_PURE_PYTHON=1 leaves it out.
+# answered request, and the pipeline's drain of a connection's events into rows (see
+# ``kwire.pipeline``); KWIRE_PURE_PYTHON=1 leaves them out.
 _exchangerows = load("_exchangerows", "compiled exchange rows", package="kwire")
 if _exchangerows is not None:
     _exchangerows.configure(
@@ -231,6 +232,8 @@ if _exchangerows is not None:
         ConnectionInfo,
         Request,
         Response,
+        RequestReceived,
+        ResponseReceived,
         _day_name,
         protocol.api_name,
         protocol.error_name,
@@ -238,5 +241,7 @@ if _exchangerows is not None:
         extract._response_values,
     )
     _exchange_row = _exchangerows.exchange_row
+    #: ``kwire.pipeline.StreamDecoder._drain`` compiled, for ``drain_rows``
+    _drain = _exchangerows.drain
 else:
-    _exchange_row = None
+    _exchange_row = _drain = None

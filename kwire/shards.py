@@ -20,7 +20,9 @@ The tables of port pairs are bounded: past ``MAX_TRACKED`` pairs, new ones are p
 
 from __future__ import annotations
 
-from decoder.pcap import FIN, RST, TcpSegment
+import os
+
+from decoder.pcap import FIN, RST, TcpSegment, weigh_segments
 
 __all__ = ["MAX_TRACKED", "ConnectionShards", "ConnectionWeights", "plan_parts", "shard_of"]
 
@@ -50,6 +52,13 @@ class ConnectionWeights:
 
     def __init__(self) -> None:
         self.weights: dict[int, int] = {}
+
+    def add_capture(self, path: str | os.PathLike[str]) -> None:
+        """Every segment of the capture at ``path``: the common ones weighed in C as the pcap
+        loop reads them (``decoder.pcap.weigh_segments``), the others here."""
+        add = self.add
+        for segment in weigh_segments(path, self.weights, _BYTES_PER_UNIT, MAX_TRACKED):
+            add(segment)
 
     def add(self, segment: TcpSegment) -> None:
         size = len(segment.payload)

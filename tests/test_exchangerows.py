@@ -32,23 +32,27 @@ C = kwire.rows._exchange_row
 pytestmark = pytest.mark.skipif(C is None, reason="KWIRE_PURE_PYTHON=1: no compiled exchange rows")
 
 
-def _rows(path: Path) -> list[Any]:
+def _rows(path: Path) -> tuple[list[Any], Any]:
+    """The rows of a capture, key order included, and the decode's summary."""
     rows: list[dict[str, Any]] = []
-    decode_captures([path], rows.append, lambda row: None)
-    return [_ordered(row) for row in rows]
+    result = decode_captures([path], rows.append, lambda row: None)
+    return [_ordered(row) for row in rows], result.summary
 
 
-def test_answered_requests_take_the_compiled_row() -> None:
+def test_answered_requests_take_the_compiled_row_and_drain() -> None:
     assert C is kwire.rows._exchangerows.exchange_row
+    assert kwire.rows._drain is kwire.rows._exchangerows.drain
 
 
 @pytest.mark.parametrize("path", CAPTURES, ids=lambda p: str(p.relative_to(REPO)))
-def test_rows_identical_with_and_without_it(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    compiled = _rows(path)
-    monkeypatch.setattr(kwire.rows, "_exchange_row", None)
-    reference = _rows(path)
+def test_rows_and_summary_identical_with_and_without_it(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    compiled, summary = _rows(path)
+    monkeypatch.setattr(kwire.rows, "_exchange_row", None)  # the Python row and drain
+    reference, reference_summary = _rows(path)
     assert len(compiled) == len(reference) > 0
     assert compiled == reference
+    assert summary == reference_summary
+    assert summary.exchanges == len(compiled) and summary.statuses and summary.apis
 
 
 _DAY_NS = 86_400 * 10**9
@@ -114,3 +118,48 @@ def test_wrong_objects_are_refused_not_read() -> None:
     ):
         with pytest.raises(TypeError):
             C(*args)
+
+
+def _drained(events: list[Any], compiled: bool) -> tuple[Any, ...]:
+    """(rows, summary, the connection's noted client) after draining events one way."""
+    from kwire.pipeline import DecodeSummary, StreamDecoder, _Conn
+
+    out: list[Any] = []
+    decoder = StreamDecoder("src", out.append, lambda row: None)
+    conn = _Conn.__new__(_Conn)
+    conn.rows = ExchangeRows(ConnectionInfo("src", "c-1", None, None, None, None))
+    if not compiled:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(kwire.rows, "_exchange_row", None)
+            decoder._drain(conn, events)
+    else:
+        decoder._drain(conn, events)
+    assert isinstance(decoder.summary, DecodeSummary)
+    rows = conn.rows
+    return (
+        [_ordered(row) for row in out],
+        decoder.summary,
+        (rows.client_id, rows.client_software_name, rows.client_software_version),
+    )
+
+
+def test_odd_events_drain_the_same() -> None:
+    from decoder.events import RequestReceived, ResponseReceived, Unanswered
+
+    events: list[Any] = []
+    for api_key, request_fields, response_fields in itertools.product(
+        (0, 3, 18), _FIELDS, (*_FIELDS, {"error_code": 0, "topics": [{"topic": "t", "partitions": []}]})
+    ):
+        request = _request(api_key, 1_700_000_000 * 10**9, request_fields)
+        events.append(RequestReceived(request))
+        events.append(ResponseReceived(request, _response(1_700_000_001 * 10**9, response_fields)))
+    software = {"client_software_name": "librdkafka", "client_software_version": "2.3.0"}
+    request = _request(18, 5, software)
+    events += [RequestReceived(request), ResponseReceived(request, _response(9, None))]
+    events += [
+        RequestReceived(_request(18, 5, {"client_software_name": ""})),
+        Unanswered(request, "closed", 10),
+    ]
+    for cut in (0, 1, 7, len(events)):
+        assert _drained(events[:cut], True) == _drained(events[:cut], False)
+    assert _drained(events, True)[2] == ("client-1", "librdkafka", "2.3.0")

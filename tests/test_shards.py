@@ -139,3 +139,52 @@ def test_the_plan_balances_a_real_capture() -> None:
             assert share > 0.75  # what the rule alone does here: the case the plan is for
         else:
             assert share < 0.51
+
+
+def _weighed_in_python(path: Path) -> dict[int, int]:
+    weights = ConnectionWeights()
+    for segment in iter_segments(path):
+        weights.add(segment)
+    return weights.weights
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted([*CAPTURES.glob("*.pcap"), *CAPTURES.glob("lab/**/capture.pcap*")]),
+    ids=lambda p: p.name if p.parent == CAPTURES else p.parent.name,
+)
+def test_captures_weigh_the_same_in_the_compiled_loop(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pcap loop weighs the segments it reads in C (decoder/_pcapscan.c): the same weights as
+    ConnectionWeights.add gives every segment, on every capture (pcapng and compressed ones too)."""
+    weights = ConnectionWeights()
+    weights.add_capture(path)
+    assert weights.weights == _weighed_in_python(path)
+    assert weights.weights
+
+
+def test_compiled_weighing_keeps_the_bound_and_the_byte_units(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from decoder import pcap
+
+    if pcap._scan is None:
+        pytest.skip("KWIRE_PURE_PYTHON=1: no compiled pcap loop")
+    capture = CAPTURES / "tansu-mixed.pcap"
+    for limit, unit in ((3, 1 << 16), (64, 100), (1, 1)):
+        monkeypatch.setattr(kwire.shards, "MAX_TRACKED", limit)
+        monkeypatch.setattr(kwire.shards, "_BYTES_PER_UNIT", unit)
+        compiled = ConnectionWeights()
+        compiled.add_capture(capture)
+        assert compiled.weights == _weighed_in_python(capture)
+        assert len(compiled.weights) == min(limit, 64)
+    # cut in the middle of a record: weighed up to the damage, as the workers read it
+    cut = tmp_path / "cut.pcap"
+    cut.write_bytes(capture.read_bytes()[:100_000])
+    compiled = ConnectionWeights()
+    with pytest.raises(pcap.CaptureError):
+        compiled.add_capture(cut)
+    reference = ConnectionWeights()
+    with pytest.raises(pcap.CaptureError):
+        for segment in iter_segments(cut):
+            reference.add(segment)
+    assert compiled.weights == reference.weights
