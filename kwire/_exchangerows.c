@@ -423,20 +423,24 @@ static PyObject *drain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         goto done;
     }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events); i++) {
-        PyObject *event = PyList_GET_ITEM(events, i), *row = NULL;
+        /* held: the Python called below (rows.row, on_exchange) could change the list */
+        PyObject *event = Py_NewRef(PyList_GET_ITEM(events, i)), *row = NULL;
         if (Py_IS_TYPE(event, received_type)) {
             PyObject *request = SLOT(event, received_off, 0);
             int done = request != NULL && Py_IS_TYPE(request, request_type) ? note_request(rows, request) : 0;
-            if (done < 0)
-                goto done;
-            if (done)
+            if (done != 0) {
+                Py_DECREF(event);
+                if (done < 0)
+                    goto done;
                 continue;
+            }
             row = PyObject_CallMethodOneArg(rows, k_row, event);
         } else if (Py_IS_TYPE(event, answered_type)) {
             row = answered_row(rows, event);
         } else {
             row = PyObject_CallMethodOneArg(rows, k_row, event);
         }
+        Py_DECREF(event);
         if (row == NULL)
             goto done;
         if (row == Py_None) {
