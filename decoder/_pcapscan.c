@@ -7,8 +7,8 @@ Kafka captures (classic pcap, Ethernet, untagged IPv4 without options, TCP) and 
 back to the Python reader, which stays the reference: KWIRE_PURE_PYTHON=1 reads with it alone, and
 tests/test_pcapscan.py checks both give the same segments and counters on every capture.
 
-scan(buf, pos, rec_len, big_endian, frac_ns, limit, max_records[, weights, unit, max_pairs])
-    -> (segments, pos, records, snapped)
+scan(buf, pos, rec_len, big_endian, frac_ns, limit, max_records[, weights, unit, max_pairs[, skip]])
+    -> (segments, pos, records, snapped[, last_skipped_ns])
 walks the records of `buf` from `pos` while each one is complete, not longer than `limit`, and is an
 Ethernet + IPv4 (IHL 5) + TCP packet that decoder.pcap._ethernet would take in its one-unpack fast
 path; it stops before the first record that is not (or after `max_records`), so the Python loop
@@ -19,7 +19,11 @@ plain member descriptors. Never reads outside buf, never raises on capture bytes
 Given a weights dict, scan makes no segments: it adds each record's connection to the weights as
 kwire.shards.ConnectionWeights.add does (the first pass of a decode split among processes,
 kwire.decode_command.plan_shards, which took 0.09 s of CPU before any worker started on the chatty
-benchmark capture: 162,523 segments made only to be weighed).
+benchmark capture: 162,523 segments made only to be weighed). Given a skip set of port pairs (the
+connections a plan gives to the other workers of a split decode), it makes no segment for their
+records and returns the latest time among them (-1 for none): each worker of `kwire decode -j 2`
+made and looked at every segment of the capture, half of them only to drop them. max_records
+counts the records handed out (or weighed), not the ones skipped.
 */
 
 #define PY_SSIZE_T_CLEAN
@@ -131,18 +135,29 @@ static int weigh(PyObject *weights, Py_ssize_t unit, Py_ssize_t max_pairs, const
     return failed ? -1 : 0;
 }
 
+/* Whether the record's port pair is in skip (a set); -1 with an exception set */
+static int skipped(PyObject *skip, const unsigned char *pkt) {
+    uint32_t a = be16(pkt + 34), b = be16(pkt + 36);
+    PyObject *key = PyLong_FromUnsignedLong(a < b ? a << 16 | b : b << 16 | a);
+    if (key == NULL) return -1;
+    int found = PySet_Contains(skip, key);
+    Py_DECREF(key);
+    return found;
+}
+
 static PyObject *scan(PyObject *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t pos, rec_len, limit, max_records, unit = 1, max_pairs = 0;
     int big_endian;
-    long long frac_ns;
-    PyObject *weights = Py_None;
-    if (!PyArg_ParseTuple(args, "y*nnpLnn|Onn", &view, &pos, &rec_len, &big_endian, &frac_ns, &limit,
-                          &max_records, &weights, &unit, &max_pairs))
+    long long frac_ns, last_skipped = -1;
+    PyObject *weights = Py_None, *skip = Py_None;
+    if (!PyArg_ParseTuple(args, "y*nnpLnn|OnnO", &view, &pos, &rec_len, &big_endian, &frac_ns, &limit,
+                          &max_records, &weights, &unit, &max_pairs, &skip))
         return NULL;
-    if (weights != Py_None && (!PyDict_CheckExact(weights) || unit <= 0)) {
+    if ((weights != Py_None && (!PyDict_CheckExact(weights) || unit <= 0)) ||
+        (skip != Py_None && !PyAnySet_CheckExact(skip))) {
         PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_TypeError, "weights: a dict, with a unit of 1 byte or more");
+        PyErr_SetString(PyExc_TypeError, "weights: a dict, with a unit of 1 byte or more; skip: a set");
         return NULL;
     }
     if (segment_type == NULL) {
@@ -153,10 +168,10 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     const unsigned char *buf = view.buf;
     Py_ssize_t n = view.len;
     PyObject *out = PyList_New(0);
-    Py_ssize_t records = 0, snapped = 0;
+    Py_ssize_t records = 0, snapped = 0, taken = 0; /* taken: records handed out or weighed */
     if (out == NULL) goto fail;
     if (pos < 0) pos = 0;
-    while (records < max_records && rec_len >= 16 && n - pos >= rec_len) {
+    while (taken < max_records && rec_len >= 16 && n - pos >= rec_len) {
         const unsigned char *h = buf + pos;
         uint32_t sec = big_endian ? be32(h) : le32(h);
         uint32_t frac = big_endian ? be32(h + 4) : le32(h + 4);
@@ -173,24 +188,31 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         if (20 <= total && (Py_ssize_t)total < end - off - 14) end = off + 14 + total;
         Py_ssize_t p = off + 34 + ((doff >> 4) << 2);
         if (p > end || (total != 0 && total < 20)) break;
-        if (weights != Py_None) { /* weighed, not handed out */
+        int skip_it = skip == Py_None ? 0 : skipped(skip, pkt);
+        if (skip_it < 0) goto fail;
+        long long ts = (long long)sec * 1000000000LL + (long long)frac * frac_ns;
+        if (skip_it) { /* another worker's connection: only its time is kept */
+            if (ts > last_skipped) last_skipped = ts;
+        } else if (weights != Py_None) { /* weighed, not handed out */
             if (weigh(weights, unit, max_pairs, pkt, end - p) < 0) goto fail;
+            taken++;
         } else {
-            PyObject *seg = segment((long long)sec * 1000000000LL + (long long)frac * frac_ns, pkt, buf, p,
-                                    end);
+            PyObject *seg = segment(ts, pkt, buf, p, end);
             if (seg == NULL || PyList_Append(out, seg) < 0) {
                 Py_XDECREF(seg);
                 goto fail;
             }
             Py_DECREF(seg);
+            taken++;
         }
         records++;
         if (caplen < wirelen) snapped++;
         pos = off + caplen;
     }
     PyBuffer_Release(&view);
-    PyObject *result = Py_BuildValue("(Nnnn)", out, pos, records, snapped);
-    return result;
+    if (skip != Py_None)
+        return Py_BuildValue("(NnnnL)", out, pos, records, snapped, last_skipped);
+    return Py_BuildValue("(Nnnn)", out, pos, records, snapped);
 fail:
     Py_XDECREF(out);
     PyBuffer_Release(&view);

@@ -54,11 +54,13 @@ __all__ = [
     "CaptureError",
     "CaptureStats",
     "NotACaptureError",
+    "SkipPairs",
     "TcpSegment",
     "TruncatedCaptureError",
     "iter_segments",
     "iter_segments_merged",
     "iter_stream_segments",
+    "weigh_segments",
 ]
 
 # TCP flag bits as found in TcpSegment.flags (NS, the ECN nonce bit, is folded in as bit 8).
@@ -606,7 +608,9 @@ class _Reader:
         return part
 
 
-def _pcap_records(r: _Reader, head: bytes, weigh: tuple[Any, ...] = ()) -> Iterator[TcpSegment]:
+def _pcap_records(
+    r: _Reader, head: bytes, weigh: tuple[Any, ...] = (), skip: SkipPairs | None = None
+) -> Iterator[TcpSegment]:
     endian, frac_ns, rec_len = _PCAP_MAGIC[head]
     hdr = head + _read_exact(r.f, 20)
     if len(hdr) < 24:
@@ -616,6 +620,7 @@ def _pcap_records(r: _Reader, head: bytes, weigh: tuple[Any, ...] = ()) -> Itera
     limit = max(_MAX_RECORD, min(snaplen, _MAX_BLOCK))
     rec = struct.Struct(endian + "IIII").unpack_from
     fast, big = _scan is not None and decode is _ethernet, endian == ">"
+    extra = weigh or ((None, 1, 0, skip.pairs) if skip is not None else ())
     r.base = 24
     r.stats.bytes += 24
 
@@ -635,14 +640,15 @@ def _pcap_records(r: _Reader, head: bytes, weigh: tuple[Any, ...] = ()) -> Itera
             while n - pos >= rec_len:
                 if fast:  # the common records in C (decoder/_pcapscan.c); this loop takes the rest
                     begin = pos
-                    segments, pos, given, given_snapped = _scan(
-                        buf, pos, rec_len, big, frac_ns, limit, _SCAN_RECORDS, *weigh
-                    )
+                    found = _scan(buf, pos, rec_len, big, frac_ns, limit, _SCAN_RECORDS, *extra)
+                    segments, pos, given, given_snapped = found[:4]
                     npk += given
                     snapped += given_snapped
                     batch = iter(segments)
                     yield from batch
                     batch = None
+                    if skip is not None and found[4] > skip.last_ts_ns:
+                        skip.last_ts_ns = found[4]
                     if n - pos < rec_len:
                         break
                 sec, frac, caplen, wirelen = rec(buf, pos)
@@ -665,9 +671,12 @@ def _pcap_records(r: _Reader, head: bytes, weigh: tuple[Any, ...] = ()) -> Itera
             if batch is not None:  # stopped inside a batch: count only the records handed out
                 rest = sum(1 for _ in batch)
                 if rest:  # (the same records again, as many as were handed out: their end, snaps)
-                    _, pos, done, done_snapped = _scan(buf, begin, rec_len, big, frac_ns, limit, given - rest)
+                    again = _scan(buf, begin, rec_len, big, frac_ns, limit, len(segments) - rest, *extra)
+                    _, pos, done, done_snapped = again[:4]
                     npk += done - given
                     snapped += done_snapped - given_snapped
+                    if skip is not None and again[4] > skip.last_ts_ns:
+                        skip.last_ts_ns = again[4]
             r.packets += npk
             r.snapped += snapped
             r.flush(pos)
@@ -867,8 +876,22 @@ def _pcapng_records(r: _Reader, head: bytes) -> Iterator[TcpSegment]:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def iter_segments(path: str | os.PathLike[str], stats: CaptureStats | None = None) -> Iterator[TcpSegment]:
-    """Yield every TCP segment in the capture at `path`, in file order.
+@dataclass
+class SkipPairs:
+    """Connections whose segments ``iter_segments`` need not hand out (a split decode's other
+    parts): port pairs, the lower port << 16 | the higher. The compiled pcap loop leaves out
+    theirs, and notes in ``last_ts_ns`` the latest time among them (-1: none); any other reader
+    hands every segment out as usual."""
+
+    pairs: set[int]
+    last_ts_ns: int = -1
+
+
+def iter_segments(
+    path: str | os.PathLike[str], stats: CaptureStats | None = None, skip: SkipPairs | None = None
+) -> Iterator[TcpSegment]:
+    """Yield every TCP segment in the capture at `path`, in file order (with `skip`, maybe not
+    those of its connections).
 
     Counters go to `stats` if given (they are exact once the iterator has ended, and lag by at most one
     4 MiB chunk while it runs). Raises NotACaptureError before yielding anything if the file is not a
@@ -876,7 +899,7 @@ def iter_segments(path: str | os.PathLike[str], stats: CaptureStats | None = Non
     and the byte offset. OSError (missing file, ...) passes through.
     """
     name = os.fspath(path)
-    yield from _segments(path, name, stats, None)
+    yield from _segments(path, name, stats, None, (), skip)
 
 
 def weigh_segments(
@@ -906,6 +929,7 @@ def _segments(
     stats: CaptureStats | None,
     stream: BinaryIO | None,
     weigh: tuple[Any, ...] = (),
+    skip: SkipPairs | None = None,
 ) -> Iterator[TcpSegment]:
     """The records of one capture (a file at `path`, or `stream`), counted in `stats`; with
     `weigh` (see :func:`weigh_segments`), those the compiled loop reads are weighed, not yielded."""
@@ -918,7 +942,7 @@ def _segments(
         if head == _PCAPNG_MAGIC:
             yield from _pcapng_records(r, head)
         else:
-            yield from _pcap_records(r, head, weigh)
+            yield from _pcap_records(r, head, weigh, skip)
     finally:
         r.flush(0)
         f.close()

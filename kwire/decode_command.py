@@ -38,6 +38,7 @@ from decoder.pcap import (
     CaptureError,
     CaptureStats,
     NotACaptureError,
+    SkipPairs,
     TcpSegment,
     iter_segments,
 )
@@ -122,7 +123,13 @@ def decode_captures(
         if len(runs) == 1:  # the common case, without tagging each segment with its file
             reassembler, streams = runs[0]
             rfeed, feed = reassembler.feeder(), streams.feed
-            segments = _read_errors_as_damage(iter_segments(paths[0], capture), names[0])
+            # the other parts' planned connections: the compiled pcap loop need not make their segments
+            skip = (
+                SkipPairs({pair for pair, p in shard_plan.items() if p != part})
+                if shards and shard_plan
+                else None
+            )
+            segments = _read_errors_as_damage(iter_segments(paths[0], capture, skip), names[0])
             top = 0
             for count, segment in enumerate(segments, 1):
                 ts = segment.ts_ns
@@ -133,7 +140,7 @@ def decode_captures(
                         feed(event)
                 if progress is not None and count % _PROGRESS_EVERY == 0:
                     progress(capture)
-            last_ts[0] = top
+            last_ts[0] = max(top, skip.last_ts_ns) if skip is not None else top
         else:
             feeds = [(reassembler.feeder(), streams.feed) for reassembler, streams in runs]
             for count, (index, segment) in enumerate(_merged(paths, names, capture), 1):

@@ -202,3 +202,77 @@ def test_stats_the_same_when_the_consumer_stops_early(taken: int, monkeypatch: p
         return stats
 
     assert stop_after(True) == stop_after(False)
+
+
+def _pair(segment: Any) -> int:
+    a, b = segment.src_port, segment.dst_port
+    return a << 16 | b if a < b else b << 16 | a
+
+
+def _skipping(path: Path, pairs: set[int]) -> tuple[list[Any], CaptureStats, Any, int]:
+    stats = CaptureStats()
+    skip = pcap.SkipPairs(set(pairs))
+    segments: list[Any] = []
+    error = None
+    try:
+        segments.extend(iter_segments(path, stats, skip))
+    except CaptureError as exc:
+        error = (type(exc), str(exc))
+    return segments, stats, error, skip.last_ts_ns
+
+
+def _check_skipping(path: Path, monkeypatch: pytest.MonkeyPatch, share: int) -> None:
+    whole, stats, error = _read(path, True, monkeypatch)
+    pairs = sorted({_pair(segment) for segment in whole})
+    chosen = set(pairs[::share])
+    kept, kept_stats, kept_error, last = _skipping(path, chosen)
+    assert (kept_stats, kept_error) == (stats, error)  # every record counted, the same damage
+    left_out, it = [], iter(kept)
+    following = next(it, None)
+    for segment in whole:  # what is kept comes in order; what is not is of a skipped pair
+        if following is not None and segment == following:
+            following = next(it, None)
+        else:
+            assert _pair(segment) in chosen
+            left_out.append(segment)
+    assert following is None
+    assert last == max((segment.ts_ns for segment in left_out), default=-1)
+    if path.suffix == ".pcap" and chosen:
+        assert left_out  # the compiled loop did leave them out
+
+
+@pytest.mark.parametrize("path", CAPTURES, ids=lambda p: str(p.relative_to(REPO)))
+def test_skipped_pairs_are_left_out_and_counted(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if path.stat().st_size > 100 << 20:
+        pytest.skip("the bulk capture's segments are not held twice")
+    for share in (1, 2, 3):
+        _check_skipping(path, monkeypatch, share)
+
+
+@pytest.mark.parametrize("name,data", _variants()[::4], ids=lambda v: v if isinstance(v, str) else "")
+def test_damaged_captures_skip_the_same(
+    name: str, data: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / f"{name}.pcap"
+    path.write_bytes(data)
+    _check_skipping(path, monkeypatch, 2)
+
+
+@pytest.mark.parametrize("taken", [0, 1, 2, 200, 511, 512, 700])
+def test_stats_when_a_skipping_consumer_stops_early(taken: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    whole = _read(SMALL, True, monkeypatch)[0]
+    chosen = {pair for pair in {_pair(segment) for segment in whole} if pair % 5 == 0}
+    kept = _skipping(SMALL, chosen)[0]
+    assert len(kept) > taken
+    stats = CaptureStats()
+    segments = iter_segments(SMALL, stats, pcap.SkipPairs(chosen))
+    for _ in range(taken + 1):
+        last = next(segments)
+    segments.close()
+    reference = CaptureStats()  # the same segment, read without skipping
+    plain = iter_segments(SMALL, reference)
+    for segment in plain:
+        if segment == last:
+            break
+    plain.close()
+    assert stats == reference

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -188,3 +189,44 @@ def test_compiled_weighing_keeps_the_bound_and_the_byte_units(
         for segment in iter_segments(cut):
             reference.add(segment)
     assert compiled.weights == reference.weights
+
+
+@pytest.mark.parametrize("capture", ["tansu-mixed.pcap", "tansu-confluent.pcap"])
+def test_parts_that_skip_other_parts_segments_decode_the_same(
+    capture: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A part of a split decode has the compiled pcap loop leave out the segments of the other
+    parts' planned connections (decoder.pcap.SkipPairs): each part's exchange and connection rows,
+    and its summary, are the same as when it drops them itself, and its open connections end at
+    the capture's last packet either way."""
+    import kwire.decode_command as decode_command
+    from kwire.decode_command import decode_captures
+
+    path = CAPTURES / capture
+    plan = plan_shards([path], 2)
+    assert plan is not None
+
+    ends: list[int] = []
+
+    class Reassembler(decode_command.TcpReassembler):
+        def finish(self, end_ts_ns: int) -> list[Any]:
+            ends.append(end_ts_ns)
+            return super().finish(end_ts_ns)
+
+    monkeypatch.setattr(decode_command, "TcpReassembler", Reassembler)
+
+    def part(index: int) -> tuple[Any, ...]:
+        exchanges: list[Any] = []
+        connections: list[Any] = []
+        result = decode_captures(
+            [path], exchanges.append, connections.append, shard=(index, 2), shard_plan=plan
+        )
+        return exchanges, connections, result.summary, result.capture, ends[-1]
+
+    skipping = [part(0), part(1)]
+    with monkeypatch.context() as mp:
+        mp.setattr(decode_command, "SkipPairs", lambda pairs: None)
+        dropping = [part(0), part(1)]
+    assert skipping == dropping
+    assert all(rows for rows, *_ in skipping)
+    assert set(ends) == {max(segment.ts_ns for segment in iter_segments(path))}
