@@ -360,7 +360,7 @@ class StreamDecoder:
 
     def _drain(self, conn: _Conn, events: list[Any]) -> None:
         if rows_module._drain is not None and rows_module._exchange_row is not None:
-            # the loop below compiled (kwire/_exchangerows.c), which it stays the reference of
+            # the loop below, compiled (kwire/_exchangerows.c); the loop stays its reference
             rows_module._drain(conn.rows, events, self.summary, self.on_exchange)
             return
         row_of = conn.rows.row  # type: ignore[union-attr]

@@ -111,11 +111,10 @@ class ExchangeRows:
         if isinstance(event, ResponseReceived):
             request, response = event.request, event.response
             status = request.status if request.status != "ok" else response.status
+            error = response.decode_error or request.decode_error
             if _exchange_row is not None:
-                return _exchange_row(
-                    self, request, response, status, response.decode_error or request.decode_error
-                )
-            return self._row(request, response, status, response.decode_error or request.decode_error)
+                return _exchange_row(self, request, response, status, error)
+            return self._row(request, response, status, error)
         if isinstance(event, NoResponseExpected):
             return self._row(
                 event.request,
@@ -241,7 +240,7 @@ if _exchangerows is not None:
         extract._response_values,
     )
     _exchange_row = _exchangerows.exchange_row
-    #: ``kwire.pipeline.StreamDecoder._drain`` compiled, for ``drain_rows``
+    #: ``kwire.pipeline.StreamDecoder._drain`` compiled (it calls this when both are built)
     _drain = _exchangerows.drain
 else:
     _exchange_row = _drain = None
