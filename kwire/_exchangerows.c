@@ -9,7 +9,7 @@ modules around it gained nothing (2026-12-06: 1.90 s against 1.90 s for that cap
 Measured with valgrind (instructions of a whole `kwire decode -j 1` of the capture's first 20 MB,
 36k exchanges, 2026-12-06): the row here saves 350M of 7.43G (4.7%; about 9,700 per exchange),
 the drain another 155M (2.2%); ExchangeRows.row went from 4.7-4.9 to 3.5-3.7 us an exchange, and
-the proxy's recorder (bench/recorder_replay.py, decoding and rows) from 9.3 to 7.5-8.1 us.
+the proxy's recorder (bench/recorder_replay.py, decoding and rows) from 8.7-10.6 to 7.5-9.5 us.
 
 It holds no knowledge of its own: the same keys in the same order as ExchangeRows._row, and the
 functions it cannot do without are rows.py's own (_day_name, protocol.api_name and error_name,
