@@ -107,14 +107,19 @@ static PyObject *segment(long long ts, const unsigned char *pkt, const unsigned 
     return seg;
 }
 
+/* The record's port pair, as kwire.shards has it: the lower port << 16 | the higher (a new int). */
+static PyObject *pair_of(const unsigned char *pkt) {
+    uint32_t a = be16(pkt + 34), b = be16(pkt + 36);
+    return PyLong_FromUnsignedLong(a < b ? a << 16 | b : b << 16 | a);
+}
+
 /* weights[pair] += 1 + size // unit for a segment of `size` payload bytes (new pairs only while the
    dict holds fewer than max_pairs): kwire.shards.ConnectionWeights.add, whose pair is the lower
    port << 16 | the higher. 0, or -1 with an exception set. */
 static int weigh(PyObject *weights, Py_ssize_t unit, Py_ssize_t max_pairs, const unsigned char *pkt,
                  Py_ssize_t size) {
     if (size <= 0) return 0;
-    uint32_t a = be16(pkt + 34), b = be16(pkt + 36);
-    PyObject *key = PyLong_FromUnsignedLong(a < b ? a << 16 | b : b << 16 | a);
+    PyObject *key = pair_of(pkt);
     if (key == NULL) return -1;
     PyObject *had = PyDict_GetItemWithError(weights, key);
     long long weight = 1 + size / unit;
@@ -137,8 +142,7 @@ static int weigh(PyObject *weights, Py_ssize_t unit, Py_ssize_t max_pairs, const
 
 /* Whether the record's port pair is in skip (a set); -1 with an exception set */
 static int skipped(PyObject *skip, const unsigned char *pkt) {
-    uint32_t a = be16(pkt + 34), b = be16(pkt + 36);
-    PyObject *key = PyLong_FromUnsignedLong(a < b ? a << 16 | b : b << 16 | a);
+    PyObject *key = pair_of(pkt);
     if (key == NULL) return -1;
     int found = PySet_Contains(skip, key);
     Py_DECREF(key);
@@ -222,7 +226,8 @@ fail:
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
      "(segments, pos, records, snapped) of the common records from pos; given (weights, unit, max_pairs), "
-     "their connections weighed into weights instead, and no segments."},
+     "their connections weighed into weights instead, and no segments; given skip (a set of pairs), none "
+     "for those pairs' records, and the latest time among them last."},
     {"set_segment_class", set_segment_class, METH_O, "The slotted class scan fills (TcpSegment)."},
     {NULL, NULL, 0, NULL}};
 
