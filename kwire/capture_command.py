@@ -318,15 +318,21 @@ def capture(
         lock_fd, _ = claim(out)
     except OSError as exc:
         raise fail(str(exc)) from None
-    from kwire.live import CaptureProgramError, capture_command
+    from kwire.live import RING_DELAY_S, CaptureProgramError, capture_command
 
     try:
         capture_command(interface, bpf)  # tcpdump or dumpcap is there
     except CaptureProgramError as exc:
         raise fail(str(exc)) from None
     metrics = Metrics()
+    # packets reach kwire up to RING_DELAY_S after their timestamps: that is not decoding's lag
     recorder = Recorder(
-        out, metrics, flush_seconds=flush_seconds, flush_rows=flush_rows, max_queue_bytes=max_queue_mb << 20
+        out,
+        metrics,
+        flush_seconds=flush_seconds,
+        flush_rows=flush_rows,
+        max_queue_bytes=max_queue_mb << 20,
+        feed_delay_seconds=RING_DELAY_S,
     )
     sidecar = Sidecar(interface, bpf, ports, recorder, metrics)
     try:

@@ -150,8 +150,13 @@ class Recorder:
         convert_rows: int | None = _CONVERT_ROWS,
         pause: Callable[[], None] | None = None,
         pause_every: float = 0.0,
+        feed_delay_seconds: float = 0.0,
     ) -> None:
-        """``pause``: what decoding calls every ``pause_every`` seconds (if not 0), and the writer
+        """``feed_delay_seconds``: how long after their timestamps the feed may hand chunks over
+        (a passive capture's kernel ring holds packets up to ``kwire.live.RING_DELAY_S``): not
+        counted as decoding's lag, which the timestamps measure.
+
+        ``pause``: what decoding calls every ``pause_every`` seconds (if not 0), and the writer
         thread between two conversions of ``convert_rows`` rows (``kwire.dataset.TableWriter``),
         while decoding lags the traffic by less than half ``max_lag_seconds``: a recorder in a
         process of its own steps aside there while others wait for a CPU."""
@@ -166,6 +171,8 @@ class Recorder:
         #: new chunks are skipped (gaps) until the queue is worked off. It bounds what a
         #: SIGKILL loses beyond the flush window. Default: half the flush window, at most 5 s.
         self.max_lag_ns = int(1e9 * (max_lag_seconds if max_lag_seconds else min(flush_seconds / 2, 5.0)))
+        #: A chunk stamped longer ago than this is behind: the lag bound plus the feed's delay.
+        self._late_ns = self.max_lag_ns + int(1e9 * feed_delay_seconds)
         self._behind = False
         self._rss_check = 0.0
         self._keep = self.budget.limit // 4  # of the budget, left to the forwarding path
@@ -357,7 +364,7 @@ class Recorder:
                     self._hold(conn, direction, ts_ns)
                     self._drain(conn)
                 if count % 64 == 0:
-                    behind = time.time_ns() - ts_ns > self.max_lag_ns
+                    behind = time.time_ns() - ts_ns > self._late_ns
                     if behind != self._behind:
                         self._behind = behind
             elif kind == _GAP:
@@ -390,7 +397,7 @@ class Recorder:
                     break
                 if pause is not None and now > self._next_pause:
                     if ts_ns:
-                        self.lagging = time.time_ns() - ts_ns >= self.max_lag_ns // 2
+                        self.lagging = time.time_ns() - ts_ns >= self._late_ns - self.max_lag_ns // 2
                     self._pause_now()
         with self._queue_lock:
             self._queued_bytes -= consumed

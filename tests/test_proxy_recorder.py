@@ -156,6 +156,33 @@ def test_a_full_queue_turns_chunks_into_counted_gaps(tmp_path: Path) -> None:
     assert statuses.count("gap") == metrics.gap_rows > 0
 
 
+@pytest.mark.parametrize("feed_delay", [0.0, 1.5])
+def test_a_feed_that_hands_chunks_over_late_is_not_taken_for_decoding_lag(
+    feed_delay: float, monkeypatch: Any
+) -> None:
+    """A passive capture's packets reach kwire up to ``RING_DELAY_S`` after their timestamps
+    (tcpdump's kernel ring). With a 1 s flush window (a 0.5 s lag bound), a backlog of chunks
+    stamped a second ago is taken for decoding lag, and what comes in meanwhile is skipped,
+    unless the recorder is told of the feed's delay. (``kwire capture`` skipped whole
+    connections of a quiet link so, when a ring block came in late.)"""
+    clock = iter(range(10**9))  # each look at the clock: 0.1 ms later, so a slice ends in order
+    monkeypatch.setattr(recorder_module.time, "monotonic", lambda: next(clock) * 1e-4)
+    metrics = Metrics()
+    recorder = Recorder(None, metrics, flush_seconds=1.0, feed_delay_seconds=feed_delay)
+    stale = time.time_ns() - 10**9
+    _feed(recorder, catch_up=False, base=stale)  # a ring block's worth, handed over at once
+    recorder._process(0.01)  # a slice of it (about 200 items, more than 64, fewer than all)
+    assert recorder.queued_items > 0
+    _, info, chunks = CONNECTIONS[0]
+    recorder.open(1000, info, stale)
+    for direction, frame in chunks:  # the next chunks the feed hands over meanwhile
+        recorder.data(1000, direction, frame, stale)
+    if feed_delay:
+        assert metrics.dropped_bytes == 0
+    else:
+        assert metrics.dropped_bytes == sum(len(frame) for _, frame in chunks)
+
+
 def test_rows_beyond_the_writers_backlog_are_dropped_and_counted(tmp_path: Path) -> None:
     metrics = Metrics()
     recorder = Recorder(tmp_path, metrics, max_pending_rows=5, flush_rows=10_000)
