@@ -61,6 +61,7 @@ typedef struct {
 
 struct Prog {
     Py_ssize_t nops, ntagged;
+    Py_ssize_t nkeys; /* the keys its dict gets when every field is there: it is made that size */
     Op *ops;
     Op *tagged;
     int flexible, keep;
@@ -198,6 +199,11 @@ static Prog *prog_build(PyObject *spec) {
         if (op_build(&p->tagged[i], PyTuple_GET_ITEM(pair, 1)) < 0) { p->ntagged = i + 1; prog_free(p); return NULL; }
         p->tagged[i].tag = as_long(pair, 0);
         p->ntagged = i + 1;
+    }
+    for (Py_ssize_t i = 0; i < p->nops; i++) {
+        p->nkeys += p->ops[i].key != NULL;
+        for (Py_ssize_t k = 0; p->ops[i].kind == OP_RUN && k < p->ops[i].nitems; k++)
+            p->nkeys += p->ops[i].items[k].key != NULL;
     }
     return p;
 }
@@ -470,7 +476,8 @@ static int run_op(const Ctx *c, const Op *op, Py_ssize_t *p, Py_ssize_t e, PyObj
 static int run_prog(const Ctx *c, const Prog *prog, Py_ssize_t *p, Py_ssize_t e, PyObject **out) {
     PyObject *dict = NULL;
     if (out) {
-        dict = PyDict_New();
+        /* sized at once: grown from empty, a Produce request's structs were resized on the way */
+        dict = _PyDict_NewPresized(prog->nkeys);
         if (!dict) return BAIL;
     }
     for (Py_ssize_t i = 0; i < prog->nops; i++)
