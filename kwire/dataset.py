@@ -12,6 +12,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ class TableWriter:
         convert_rows: int | None = None,
         batch_rows: int | None = None,
         pause: Callable[[], None] | None = None,
+        background: bool = False,
     ) -> None:
         self.root = root
         self.pause = pause or _let_others_run
@@ -66,6 +68,10 @@ class TableWriter:
         self._writers: dict[str, tuple[pq.ParquetWriter, Path, Path]] = {}
         self._files = 0
         self.rows_written = 0
+        #: Row groups are encoded and compressed on this thread (pyarrow releases the GIL while
+        #: it writes), one at a time, while the caller goes on making rows.
+        self._background = ThreadPoolExecutor(1, thread_name_prefix="kwire-parquet") if background else None
+        self._in_flight: Future[None] | None = None
 
     def append(self, row: dict[str, Any]) -> None:
         date = row.get("date") or "1970-01-01"
@@ -98,8 +104,19 @@ class TableWriter:
             temporary = final.with_name("." + final.name + ".tmp")
             writer = pq.ParquetWriter(temporary, self.file_schema, compression="zstd")
             self._writers[date] = (writer, temporary, final)
-        self._writers[date][0].write_table(table, row_group_size=self.row_group_rows)
+        writer = self._writers[date][0]
+        if self._background is None:
+            writer.write_table(table, row_group_size=self.row_group_rows)
+        else:
+            self._wait()  # one row group in flight at most: memory stays bounded
+            self._in_flight = self._background.submit(writer.write_table, table, self.row_group_rows)
         self.rows_written += table.num_rows
+
+    def _wait(self) -> None:
+        """Wait for the row group in flight, if any (raising what its write raised)."""
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is not None:
+            in_flight.result()
 
     def _batches(self, rows: list[dict[str, Any]]) -> list[pa.RecordBatch]:
         # The row dicts converted by kwire.rowarrow (keys not in the schema, such as the
@@ -126,10 +143,19 @@ class TableWriter:
         for date, batches in self._converted.items():
             self._write(date, pa.Table.from_batches(batches, schema=self.file_schema))
         self._converted.clear()
+        self._wait()
         for writer, temporary, final in self._writers.values():
             writer.close()
             os.replace(temporary, final)
         self._writers.clear()
+
+    def close(self) -> None:
+        """Roll, and stop the background thread if there is one."""
+        try:
+            self.roll()
+        finally:
+            if self._background is not None:
+                self._background.shutdown(wait=True)
 
 
 class DatasetWriter:
@@ -144,15 +170,26 @@ class DatasetWriter:
         convert_rows: int | None = None,
         batch_rows: int | None = None,
         pause: Callable[[], None] | None = None,
+        background: bool = False,
     ) -> None:
         """``batch_rows``: rows buffered as dicts before they are converted to Arrow (default: a
         row group); ``convert_rows``: of those, converted that many at a time (see
         ``TableWriter``), for writers in a thread beside latency-sensitive work, calling
-        ``pause`` in between (default: let a thread waiting for the GIL run)."""
+        ``pause`` in between (default: let a thread waiting for the GIL run). ``background``:
+        the exchanges' row groups are written on a thread of their own, one at a time, while
+        the caller makes more rows (for ``kwire decode``, whose second CPU is otherwise idle on a
+        capture of one busy connection)."""
         self.root = Path(root)
         prefix = prefix or f"part-{uuid.uuid4().hex[:12]}"
         self.exchanges = TableWriter(
-            self.root / "exchanges", EXCHANGES_SCHEMA, prefix, row_group_rows, convert_rows, batch_rows, pause
+            self.root / "exchanges",
+            EXCHANGES_SCHEMA,
+            prefix,
+            row_group_rows,
+            convert_rows,
+            batch_rows,
+            pause,
+            background,
         )
         self.connections = TableWriter(
             self.root / "connections",
@@ -170,7 +207,8 @@ class DatasetWriter:
         self.connections.roll()
 
     def close(self) -> None:
-        self.roll()
+        self.exchanges.close()
+        self.connections.close()
 
     def __enter__(self) -> DatasetWriter:
         return self

@@ -541,6 +541,39 @@ def test_layout_partitions_and_row_groups(tmp_path: Path) -> None:
     assert len(rows) % 7 and len(rows) > 7  # a last, shorter slice is exercised
     assert comparable(read_table(tmp_path / "sliced")) == comparable(rows)
     assert read_table(tmp_path / "sliced", "connections") == read_table(out, "connections")
+    # row groups written on a thread of their own (as kwire decode does), one at a time: the
+    # same row groups, the same rows in the same order, as written in line
+    for name, background in (("inline", False), ("background", True)):
+        writer = DatasetWriter(tmp_path / name, row_group_rows=50, batch_rows=7, background=background)
+        with writer:
+            decode_captures(
+                [CAPTURES / "tansu-mixed.pcap"], writer.exchanges.append, writer.connections.append
+            )
+    (inline,), (background,) = (
+        (tmp_path / n / "exchanges").rglob("*.parquet") for n in ("inline", "background")
+    )
+    assert (
+        pq.ParquetFile(background).metadata.num_row_groups
+        == pq.ParquetFile(inline).metadata.num_row_groups
+        > 4
+    )
+    assert pq.read_table(background).equals(pq.read_table(inline))
+
+
+def test_a_background_write_that_fails_fails_the_roll(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a row group's write raised on the writer's thread is raised by the next write or the
+    roll, in the caller's thread: a decode that cannot write says so, as it did writing in line."""
+
+    def full(self: Any, table: Any, row_group_size: Any = None) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", full)
+    writer = DatasetWriter(tmp_path / "out", row_group_rows=50, batch_rows=7, background=True)
+    with pytest.raises(OSError, match="No space left"), writer:
+        decode_captures([CAPTURES / "tansu-mixed.pcap"], writer.exchanges.append, writer.connections.append)
+    assert not list((tmp_path / "out").rglob("*.parquet"))  # no file was published
 
 
 def test_quiet_and_no_progress_bar_off_a_terminal(tmp_path: Path) -> None:
