@@ -29,7 +29,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -45,6 +45,9 @@ from decoder.pcap import (
 from decoder.tcp import TcpReassembler
 from kwire.pipeline import DecodeSummary, Row, StreamDecoder
 from kwire.shards import ConnectionShards, ConnectionWeights, plan_parts
+
+if TYPE_CHECKING:
+    from kwire.dataset import DatasetWriter
 
 __all__ = ["DecodeResult", "decode", "decode_captures", "source_names"]
 
@@ -722,6 +725,20 @@ class _Part:
     interrupted: bool
 
 
+def decode_writer(staging: Path, parts: int = 1, prefix: str | None = None) -> DatasetWriter:
+    """The dataset writer of a decode (or of one of its ``parts``): rows converted as they come,
+    row groups written on a thread of their own."""
+    from kwire.dataset import DatasetWriter
+
+    return DatasetWriter(
+        staging,
+        row_group_rows=max(8192, _DECODE_ROW_GROUP_ROWS // parts),
+        batch_rows=_DECODE_BATCH_ROWS,
+        background=True,
+        prefix=prefix,
+    )
+
+
 def _decode_part(
     files: Sequence[Path],
     staging: Path,
@@ -734,14 +751,7 @@ def _decode_part(
 ) -> _Part:
     """Decode part `part` of `parts` of the connections (``plan``: :func:`plan_shards`) into a
     dataset writer of its own."""
-    from kwire.dataset import DatasetWriter
-
-    writer = DatasetWriter(
-        staging,
-        row_group_rows=max(8192, _DECODE_ROW_GROUP_ROWS // parts),
-        batch_rows=_DECODE_BATCH_ROWS,
-        background=True,
-    )
+    writer = decode_writer(staging, parts)
     result = None
     try:
         result = decode_captures(

@@ -69,8 +69,7 @@ def decode_file_task(uri: str, out_uri: str) -> dict[str, Any]:
     """Decode one capture into the dataset at ``out_uri``; return what it counted (runs on an executor)."""
     from pyarrow import fs
 
-    from kwire.dataset import DatasetWriter
-    from kwire.decode_command import decode_captures
+    from kwire.decode_command import decode_captures, decode_writer
     from kwire.runtime import tune_gc
 
     tune_gc()
@@ -85,7 +84,7 @@ def decode_file_task(uri: str, out_uri: str) -> dict[str, Any]:
                 path, local, source_filesystem=filesystem, destination_filesystem=fs.LocalFileSystem()
             )
         staging = Path(scratch) / "dataset"
-        writer = DatasetWriter(staging, prefix=f"part-{Path(name).stem}-{uuid.uuid4().hex[:8]}")
+        writer = decode_writer(staging, prefix=f"part-{Path(name).stem}-{uuid.uuid4().hex[:8]}")
         try:
             result = decode_captures([local], writer.exchanges.append, writer.connections.append)
         finally:
