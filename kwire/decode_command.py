@@ -134,16 +134,18 @@ def decode_captures(
             )
             segments = _read_errors_as_damage(iter_segments(paths[0], capture, skip), names[0])
             top = 0
-            for count, segment in enumerate(segments, 1):
-                ts = segment.ts_ns
-                if ts > top:
-                    top = ts
-                if shards is None or shards.part_of(segment) == part:
-                    for event in rfeed(segment):
-                        feed(event)
-                if progress is not None and count % _PROGRESS_EVERY == 0:
-                    progress(capture)
-            last_ts[0] = max(top, skip.last_ts_ns) if skip is not None else top
+            try:
+                for count, segment in enumerate(segments, 1):
+                    ts = segment.ts_ns
+                    if ts > top:
+                        top = ts
+                    if shards is None or shards.part_of(segment) == part:
+                        for event in rfeed(segment):
+                            feed(event)
+                    if progress is not None and count % _PROGRESS_EVERY == 0:
+                        progress(capture)
+            finally:  # damage too ends the capture at the last time seen
+                last_ts[0] = max(top, skip.last_ts_ns) if skip is not None else top
         else:
             feeds = [(reassembler.feeder(), streams.feed) for reassembler, streams in runs]
             for count, (index, segment) in enumerate(_merged(paths, names, capture), 1):

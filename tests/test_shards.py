@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -230,3 +231,32 @@ def test_parts_that_skip_other_parts_segments_decode_the_same(
     assert skipping == dropping
     assert all(rows for rows, *_ in skipping)
     assert set(ends) == {max(segment.ts_ns for segment in iter_segments(path))}
+
+
+def test_a_damaged_capture_ends_at_its_last_packet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Damage ends a capture as its end does: the connections still open are closed at the last
+    packet read before it (they were closed at time 0 before), whole or in parts."""
+    import kwire.decode_command as decode_command
+    from decoder.pcap import CaptureError
+    from kwire.decode_command import decode_captures
+
+    whole = (CAPTURES / "tansu-mixed.pcap").read_bytes()
+    damaged = tmp_path / "damaged.pcap"
+    damaged.write_bytes(whole[: len(whole) // 2] + b"\xff" * 64)  # a record header out of all bounds
+    seen: list[int] = []
+    with contextlib.suppress(CaptureError):
+        seen.extend(segment.ts_ns for segment in iter_segments(damaged))
+    assert seen
+    ends: list[int] = []
+
+    class Reassembler(decode_command.TcpReassembler):
+        def finish(self, end_ts_ns: int) -> list[Any]:
+            ends.append(end_ts_ns)
+            return super().finish(end_ts_ns)
+
+    monkeypatch.setattr(decode_command, "TcpReassembler", Reassembler)
+    plan = plan_shards([damaged], 2)
+    for shard in (None, (0, 2), (1, 2)):
+        result = decode_captures([damaged], lambda row: None, lambda row: None, shard=shard, shard_plan=plan)
+        assert result.error is not None
+    assert ends == [max(seen)] * 3
