@@ -138,8 +138,9 @@ def entry() -> None:
     if sys.argv[1:2] == ["decode"]:
         # a process of its own that never meets a pandas object (not done in ``run``, which
         # tests call inside processes that may use pandas)
-        from kwire.arrowstart import skip_pandas_probe
+        from kwire.arrowstart import import_pyarrow_without_numpy, skip_pandas_probe
 
+        import_pyarrow_without_numpy()
         skip_pandas_probe()
     sys.exit(run())
 

@@ -72,3 +72,53 @@ def test_a_run_loads_no_pydantic(tmp_path: Path) -> None:
         "print(code, sorted(m for m in sys.modules if m.split('.')[0] == 'pydantic'))\n"
     )
     assert out.splitlines()[-1] == "0 []", out
+
+
+def test_a_decode_process_imports_pyarrow_without_numpy_and_writes_the_same(tmp_path: Path) -> None:
+    """``kwire decode`` (``kwire.cli.entry``) imports pyarrow with numpy hidden (``kwire.arrowstart``:
+    numpy's import was 40% of pyarrow's); its dataset is the one a process with numpy writes."""
+    import pyarrow.parquet as pq
+
+    from kwire.decode_command import decode_captures, decode_writer
+
+    lean = tmp_path / "lean.kwire"
+    out = _python(
+        "import sys\n"
+        f"sys.argv = ['kwire', 'decode', 'captures/tansu-mixed.pcap', '-o', {str(lean)!r}, '-q']\n"
+        "from kwire.cli import entry\n"
+        "try:\n"
+        "    entry()\n"
+        "except SystemExit as exc:\n"
+        "    print(exc.code, sorted(m for m in sys.modules if m.split('.')[0] == 'numpy'))\n"
+    )
+    assert out.splitlines()[-1] == "0 []", out
+    staging = tmp_path / "full.kwire"
+    writer = decode_writer(staging)
+    with writer:
+        decode_captures(
+            [REPO / "captures/tansu-mixed.pcap"], writer.exchanges.append, writer.connections.append
+        )
+    for table in ("exchanges", "connections"):
+        (lean_file,) = (lean / table).rglob("*.parquet")
+        (full_file,) = (staging / table).rglob("*.parquet")
+        lean_rows, full_rows = pq.read_table(lean_file), pq.read_table(full_file)
+        assert lean_rows.num_rows > 10 and lean_rows.equals(full_rows), table
+
+
+def test_a_pyarrow_that_needs_numpy_is_imported_with_it(tmp_path: Path) -> None:
+    """An older pyarrow fails to import without numpy: ``import_pyarrow_without_numpy`` then
+    imports it with numpy (here a stand-in package that imports numpy first thing)."""
+    fake = tmp_path / "pyarrow"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("import numpy\nNEEDS = numpy.__name__\n")
+    (fake / "parquet.py").write_text("PARQUET = True\n")
+    out = _python(
+        "import sys\n"
+        f"sys.path.insert(0, {str(tmp_path)!r})\n"
+        "from kwire.arrowstart import import_pyarrow_without_numpy\n"
+        "import_pyarrow_without_numpy()\n"
+        "import pyarrow, pyarrow.parquet\n"
+        "hidden = any(type(f).__name__ == '_Hidden' for f in sys.meta_path)\n"
+        "print(pyarrow.NEEDS, pyarrow.parquet.PARQUET, 'numpy' in sys.modules, hidden)\n"
+    )
+    assert out.split() == ["numpy", "True", "True", "False"], out  # and nothing is left hidden
