@@ -53,7 +53,12 @@ def _cpu(fn: Any) -> tuple[float, Any]:
 
 def import_seconds() -> float:
     """CPU seconds a fresh interpreter spends starting and importing what ``kwire decode`` imports."""
-    code = "import kwire.cli, kwire.decode_command, kwire.dataset, decoder.connection, kwire.pipeline"
+    code = (
+        "from kwire.arrowstart import import_pyarrow_without_numpy, skip_pandas_probe\n"
+        "import_pyarrow_without_numpy()\n"  # as `kwire decode` does (kwire.cli.entry)
+        "skip_pandas_probe()\n"
+        "import kwire.cli, kwire.decode_command, kwire.dataset, decoder.connection, kwire.pipeline"
+    )
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run([sys.executable, "-c", code], timeout=120, check=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -168,10 +173,11 @@ def profile(path: Path, top: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kwire.arrowstart import skip_pandas_probe
+    from kwire.arrowstart import import_pyarrow_without_numpy, skip_pandas_probe
     from kwire.runtime import tune_gc
 
     tune_gc()  # as the kwire command does
+    import_pyarrow_without_numpy()  # as `kwire decode` does
     skip_pandas_probe()  # as `kwire decode` does (else the arrow stage holds pyarrow's pandas import)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("capture", nargs="?", type=Path, help="default: the benchmark's bulk capture")
