@@ -594,9 +594,7 @@ def _decode_rows(
     staging = _prepare_output(out_dir, overwrite) if out_dir is not None else None
     writer = None
     if staging is not None:
-        from kwire.dataset import DatasetWriter
-
-        writer = DatasetWriter(staging)
+        writer = decode_writer(staging)
     written = 0
     decoded = 0
 
