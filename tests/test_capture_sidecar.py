@@ -4,6 +4,7 @@ traffic, it survives its capture program dying, serves the proxy's metrics, and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -331,6 +332,12 @@ def test_capture_counts_requests_and_survives_its_interface_going_down_and_away(
     finally:
         for proc in started:
             kill_if_running(proc)
+        # whatever is left in the namespace: a sidecar killed above leaves its tcpdump running (a
+        # session of its own), and in a namespace about to go it would never see a packet again
+        left = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=10)
+        for pid in left.stdout.split():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
     assert not list((tmp_path / "lo.kwire").rglob("*.tmp"))
 
