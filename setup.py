@@ -1,5 +1,5 @@
 """The compiled parts (decoder/_layoutvm.c, decoder/_pcapscan.c, decoder/_rowvalues.c,
-decoder/_framecore.c, decoder/_tcpfast.c, kwire/_rowarrow.c, kwire/_exchangerows.c); everything
+decoder/_framecore.c, decoder/_tcpfast.c, decoder/_readahead.c, kwire/_rowarrow.c, kwire/_exchangerows.c); everything
 else is in pyproject.toml.
 
 A build failure fails ``pip install`` (and so ``scripts/bootstrap-venv``) with the compiler's
@@ -29,6 +29,7 @@ setup(
         _compiled("decoder._pcapscan", depends=("decoder/_slots.h",)),
         _compiled("decoder._framecore", depends=("decoder/_slots.h",)),
         _compiled("decoder._tcpfast", depends=("decoder/_slots.h",)),
+        _compiled("decoder._readahead"),
         _compiled("kwire._rowarrow"),
         _compiled("kwire._exchangerows", depends=("decoder/_slots.h",)),
     ]

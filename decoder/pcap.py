@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bz2
 import heapq
+import io
 import lzma
 import os
 import socket
@@ -559,8 +560,10 @@ def _open(
 
 # ---------------------------------------------------------------------------------------------------------
 # Record loops. Both read 4 MiB chunks and decode the records inside each chunk in place. A record that
-# straddles two chunks is completed with an exact-size read and decoded on its own, so no chunk is ever
-# copied to join it with the next one.
+# straddles two chunks is decoded on its own, completed from the start of the next chunk (pcap) or with
+# an exact-size read (pcapng), so no chunk is ever copied to join it with the next one. The pcap loop of
+# a plain file reads its chunks through ``_ReadAhead``: the next one is read on a thread while this one
+# is decoded.
 
 
 class _Reader:
@@ -607,6 +610,20 @@ class _Reader:
                 raise self.truncated(offset, f"cut mid-record ({len(part)} of {size} bytes)")
         return part
 
+    def straddle_ahead(
+        self, part: bytes, offset: int, head: int, length: Callable[[bytes], int]
+    ) -> tuple[bytes, tuple[bytes, int] | None]:
+        """``straddle``, completing the record from the next chunk read whole: (the record, (that
+        chunk, how many of its bytes the record took)); the loop goes on in that chunk. A record
+        that runs past it too (or the file's end) is completed as ``straddle`` does: (record, None)."""
+        ahead = self.f.read(_CHUNK)
+        if len(part) + len(ahead) >= head:
+            size = length(part if len(part) >= head else part + ahead[: head - len(part)])
+            taken = size - len(part)
+            if taken <= len(ahead):
+                return part + ahead[:taken], (ahead, taken)
+        return self.straddle(part + ahead, offset, head, length), None
+
 
 def _pcap_records(
     r: _Reader, head: bytes, weigh: tuple[Any, ...] = (), skip: SkipPairs | None = None
@@ -630,12 +647,16 @@ def _pcap_records(
             raise r.truncated(r.base, f"corrupt record length {caplen} (limit {limit})")
         return rec_len + caplen
 
+    if _read_ahead is not None and type(r.f) is io.BufferedReader:
+        r.f = _ReadAhead(r.f)
     buf = b""
     pos = n = 0
+    ahead: tuple[bytes, int] | None = None  # the chunk a straddling record ended in, and where
     while True:
         counts = r.counts
         npk = snapped = 0
         batch = None  # the compiled loop's segments being handed out, and where they started
+        first = pos  # bytes of this chunk before it were counted with the record they ended
         try:
             while n - pos >= rec_len:
                 if fast:  # the common records in C (decoder/_pcapscan.c); this loop takes the rest
@@ -679,17 +700,23 @@ def _pcap_records(
                         skip.last_ts_ns = again[4]
             r.packets += npk
             r.snapped += snapped
-            r.flush(pos)
-        # Chunk used up: flush counters, then either finish the straddling record or read a fresh chunk.
+            r.flush(pos - first)
+        # Chunk used up: flush counters, then either finish the straddling record, go on in the chunk it
+        # ended in, or read a fresh chunk.
         r.base += pos
         part = buf[pos:]
         if part:
-            buf = r.straddle(part, r.base, rec_len, length)
+            buf, ahead = r.straddle_ahead(part, r.base, rec_len, length)
+            pos = 0
+        elif ahead is not None:
+            (buf, pos), ahead = ahead, None
+            r.base -= pos  # r.base: the file offset of buf[0]
         else:
             buf = r.f.read(_CHUNK)
             if not buf:
                 return
-        pos, n = 0, len(buf)
+            pos = 0
+        n = len(buf)
 
 
 def _load_scan() -> Callable[..., tuple[list[TcpSegment], int, int, int]] | None:
@@ -703,6 +730,39 @@ def _load_scan() -> Callable[..., tuple[list[TcpSegment], int, int, int]] | None
 
 
 _scan = _load_scan()
+
+
+class _ReadAhead:
+    """A plain capture file read a chunk ahead (``decoder/_readahead.c``: the next chunk is read on a
+    thread of its own, which never takes the GIL, while this one is decoded). Reads of ``_CHUNK``
+    hand out its chunks as they are; any other read takes from them (a copy: rare, at a record
+    that runs past a whole chunk). Closing it closes the file too."""
+
+    def __init__(self, raw: io.BufferedReader) -> None:
+        assert _read_ahead is not None
+        self._raw = raw
+        self._chunks = _read_ahead.ReadAhead(raw.fileno(), raw.tell(), _CHUNK)
+        self._left = b""  # the rest of a chunk a smaller read took from
+
+    def read(self, n: int) -> bytes:
+        if not self._left:
+            if n == _CHUNK:
+                return self._chunks.next()
+            self._left = self._chunks.next()
+        out, self._left = self._left[:n], self._left[n:]
+        return out
+
+    def close(self) -> None:
+        self._chunks.close()
+        self._raw.close()
+
+
+def _load_read_ahead() -> Any:
+    """``decoder._readahead``, or None in pure-Python mode (the file is then read as it is)."""
+    return load("_readahead", "capture read-ahead")
+
+
+_read_ahead = _load_read_ahead()
 _SCAN_RECORDS = 512  # records per call at most: the segments of one call are held in a list
 
 
@@ -945,6 +1005,7 @@ def _segments(
             yield from _pcap_records(r, head, weigh, skip)
     finally:
         r.flush(0)
+        r.f.close()  # (a _ReadAhead closes the file too)
         f.close()
 
 
