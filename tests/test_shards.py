@@ -192,6 +192,21 @@ def test_compiled_weighing_keeps_the_bound_and_the_byte_units(
     assert compiled.weights == reference.weights
 
 
+def _capture_ends(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The end times ``decode_captures`` closes its reassemblers at, as they come."""
+    import kwire.decode_command as decode_command
+
+    ends: list[int] = []
+
+    class Reassembler(decode_command.TcpReassembler):
+        def finish(self, end_ts_ns: int) -> list[Any]:
+            ends.append(end_ts_ns)
+            return super().finish(end_ts_ns)
+
+    monkeypatch.setattr(decode_command, "TcpReassembler", Reassembler)
+    return ends
+
+
 @pytest.mark.parametrize("capture", ["tansu-mixed.pcap", "tansu-confluent.pcap"])
 def test_parts_that_skip_other_parts_segments_decode_the_same(
     capture: str, monkeypatch: pytest.MonkeyPatch
@@ -207,14 +222,7 @@ def test_parts_that_skip_other_parts_segments_decode_the_same(
     plan = plan_shards([path], 2)
     assert plan is not None
 
-    ends: list[int] = []
-
-    class Reassembler(decode_command.TcpReassembler):
-        def finish(self, end_ts_ns: int) -> list[Any]:
-            ends.append(end_ts_ns)
-            return super().finish(end_ts_ns)
-
-    monkeypatch.setattr(decode_command, "TcpReassembler", Reassembler)
+    ends = _capture_ends(monkeypatch)
 
     def part(index: int) -> tuple[Any, ...]:
         exchanges: list[Any] = []
@@ -236,7 +244,6 @@ def test_parts_that_skip_other_parts_segments_decode_the_same(
 def test_a_damaged_capture_ends_at_its_last_packet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Damage ends a capture as its end does: the connections still open are closed at the last
     packet read before it (they were closed at time 0 before), whole or in parts."""
-    import kwire.decode_command as decode_command
     from decoder.pcap import CaptureError
     from kwire.decode_command import decode_captures
 
@@ -247,14 +254,7 @@ def test_a_damaged_capture_ends_at_its_last_packet(tmp_path: Path, monkeypatch: 
     with contextlib.suppress(CaptureError):
         seen.extend(segment.ts_ns for segment in iter_segments(damaged))
     assert seen
-    ends: list[int] = []
-
-    class Reassembler(decode_command.TcpReassembler):
-        def finish(self, end_ts_ns: int) -> list[Any]:
-            ends.append(end_ts_ns)
-            return super().finish(end_ts_ns)
-
-    monkeypatch.setattr(decode_command, "TcpReassembler", Reassembler)
+    ends = _capture_ends(monkeypatch)
     plan = plan_shards([damaged], 2)
     for shard in (None, (0, 2), (1, 2)):
         result = decode_captures([damaged], lambda row: None, lambda row: None, shard=shard, shard_plan=plan)
