@@ -83,7 +83,7 @@ static int ReadAhead_init(ReadAhead *self, PyObject *args, PyObject *kwds) {
     long long offset;
     Py_ssize_t chunk;
     if (!PyArg_ParseTuple(args, "iLn", &fd, &offset, &chunk)) return -1;
-    if (self->buf != NULL || self->fd > 0) {
+    if (self->buf != NULL || self->fd >= 0) {
         PyErr_SetString(PyExc_RuntimeError, "ReadAhead is made once");
         return -1;
     }
@@ -119,6 +119,14 @@ static PyObject *ReadAhead_new(PyTypeObject *type, PyObject *args, PyObject *kwd
     return (PyObject *)self;
 }
 
+/* Hand buf (at offset) to the thread to fill: it waits, FILLED, until then. */
+static void refill(ReadAhead *self) {
+    pthread_mutex_lock(&self->mu);
+    self->state = FILLING;
+    pthread_cond_broadcast(&self->cv);
+    pthread_mutex_unlock(&self->mu);
+}
+
 static PyObject *ReadAhead_next(ReadAhead *self, PyObject *unused) {
     if (self->buf == NULL) {
         PyErr_SetString(PyExc_ValueError, "ReadAhead is closed");
@@ -145,13 +153,7 @@ static PyObject *ReadAhead_next(ReadAhead *self, PyObject *unused) {
     /* state is FILLED (or IDLE without a thread): buf is ours */
     if (err) {
         errno = err;
-        self->state = threaded ? FILLED : IDLE; /* the next call reads the same place again */
-        if (threaded) {                          /* ... on the thread */
-            pthread_mutex_lock(&self->mu);
-            self->state = FILLING;
-            pthread_cond_broadcast(&self->cv);
-            pthread_mutex_unlock(&self->mu);
-        }
+        if (threaded) refill(self); /* the next call reads the same place again */
         return PyErr_SetFromErrno(PyExc_OSError);
     }
     if (got == 0) { /* the end: the thread rests; a later call reads itself (a file that grew) */
@@ -166,14 +168,9 @@ static PyObject *ReadAhead_next(ReadAhead *self, PyObject *unused) {
     PyObject *next = PyBytes_FromStringAndSize(NULL, self->chunk);
     if (next == NULL) return NULL;
     PyObject *out = self->buf;
-    if (threaded) pthread_mutex_lock(&self->mu);
-    self->buf = next;
+    self->buf = next; /* (the thread waits while FILLED: the lock in refill orders these) */
     self->offset += got;
-    if (threaded) {
-        self->state = FILLING;
-        pthread_cond_broadcast(&self->cv);
-        pthread_mutex_unlock(&self->mu);
-    }
+    if (threaded) refill(self);
     if (got < self->chunk && _PyBytes_Resize(&out, got) < 0) return NULL;
     return out;
 }
