@@ -31,8 +31,11 @@ import heapq
 import io
 import lzma
 import os
+import select
 import socket
+import stat
 import struct
+import threading
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields
@@ -483,11 +486,46 @@ _PCAP_MAGIC = {
 _PCAPNG_MAGIC = b"\x0a\x0d\x0d\x0a"
 
 
+#: The longest a stream read on the main thread waits before signal handlers get a chance to run.
+_SIGNAL_CHECK_S = 0.2
+
+
+def _fd_to_wait_on(raw: BinaryIO) -> int | None:
+    """The descriptor `_Stream` waits on with `select`: on the main thread, for a pipe, socket or
+    terminal that `read1` reads without buffering ahead (CPython's `BufferedReader.read1` reads
+    straight into its result when its buffer is empty, and `_Stream` reads nothing else).
+    Elsewhere None: a plain blocking read."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        fd = raw.fileno()
+        mode = os.fstat(fd).st_mode
+    except (AttributeError, OSError, ValueError):
+        return None
+    return fd if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode) else None
+
+
+def _wait_readable(fd: int) -> None:
+    """Return once reading ``fd`` would not block (data, its end, or an error for the read to
+    report), going back to the interpreter every `_SIGNAL_CHECK_S` meanwhile."""
+    while True:
+        try:
+            if select.select([fd], [], [], _SIGNAL_CHECK_S)[0]:
+                return
+        except (OSError, ValueError):
+            return  # the read reports it
+
+
 class _Stream:
     """A pipe (stdin, a capture program's output) read as the records arrive: `read(n)` returns what
     is there (at least one byte, fewer than n, b'' only at the end), so a packet is decoded as soon
     as it is written rather than when 4 MiB have piled up. `seek` only rewinds into the bytes
-    already read, which is all `_open` needs to look at the magic."""
+    already read, which is all `_open` needs to look at the magic.
+
+    On the main thread a read waits for input at most `_SIGNAL_CHECK_S` at a time before it blocks
+    in `read1`: a signal whose Python handler became due just before the read (or that the kernel
+    handed to another thread) does not interrupt a blocking read, so on a quiet link Ctrl-C would
+    wait for the next packet. Between two waits the interpreter runs the handler."""
 
     def __init__(self, raw: BinaryIO) -> None:
         self._raw = raw
@@ -495,11 +533,14 @@ class _Stream:
         self._head = b""  # bytes read ahead of `seek`
         self._kept = b""  # the first bytes, while `seek` may still go back to them
         self._pos = 0
+        self._fd = _fd_to_wait_on(raw)
 
     def read(self, n: int = -1) -> bytes:
         if self._head:
             out, self._head = self._head[:n], self._head[n:]
         else:
+            if self._fd is not None:
+                _wait_readable(self._fd)
             out = self._read1(n if n > 0 else _CHUNK)
             while self._pos + len(out) < 16 and 0 < len(out) < n:  # the magic: read it whole
                 more = self._read1(n - len(out))
