@@ -79,6 +79,64 @@ def _jvm_cpu_s(spark) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+class CallSites:
+    """Wall time of every call into a DataFrame or GroupedData method (the driver's work: analysis
+    of the new plan, or an action), summed per line of ``spark_jobs/`` that made it. Only the
+    outermost call of a thread counts (DataFrame methods call one another)."""
+
+    def __init__(self) -> None:
+        from pyspark.sql.classic.dataframe import DataFrame
+        from pyspark.sql.group import GroupedData
+
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self._depth = threading.local()
+        for cls in (DataFrame, GroupedData):
+            for name, value in list(vars(cls).items()):
+                if callable(value) and not name.startswith("_"):
+                    setattr(cls, name, self._wrap(name, value))
+
+    def _wrap(self, name: str, method):
+        sites = self
+
+        def timed(*args, **kwargs):
+            depth = getattr(sites._depth, "n", 0)
+            if depth:
+                return method(*args, **kwargs)
+            sites._depth.n = 1
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                sites._depth.n = 0
+                site = sites._site(name)
+                sites.seconds[site] += time.perf_counter() - start
+                sites.calls[site] += 1
+
+        return timed
+
+    @staticmethod
+    def _site(name: str) -> str:
+        frame = sys._getframe(2)
+        while frame is not None and "/spark_jobs/" not in frame.f_code.co_filename:
+            frame = frame.f_back
+        if frame is None:
+            return f"? {name}"
+        site = f"{Path(frame.f_code.co_filename).stem}:{frame.f_lineno} {frame.f_code.co_name} {name}"
+        caller = frame.f_back  # a shared helper's (materialize, ordered) caller tells which result it is
+        if caller is not None and "/spark_jobs/" in caller.f_code.co_filename:
+            site += f" < {Path(caller.f_code.co_filename).stem}:{caller.f_lineno} {caller.f_code.co_name}"
+        return site
+
+    def print(self, n: int) -> None:
+        total = sum(self.seconds.values())
+        print(
+            f"  DataFrame calls: {sum(self.calls.values())}, {total:.1f}s (summed over threads); the longest:"
+        )
+        for site, secs in sorted(self.seconds.items(), key=lambda kv: -kv[1])[:n]:
+            print(f"    {secs:6.2f}s {self.calls[site]:5d}  {site}")
+
+
 def main_log(folder: Path) -> None:
     for label, row in sorted(read_event_log(folder).items(), key=lambda kv: -kv[1]["job_s"]):
         print(label, row)
@@ -93,6 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rules", action="store_true", help="print the time Catalyst spent per rule")
     parser.add_argument("--conf", action="append", default=[], help="KEY=VALUE: one more Spark setting")
     parser.add_argument("--jvm-options", default=None, help="instead of the small-data JIT/GC options")
+    parser.add_argument(
+        "--sites",
+        type=int,
+        default=0,
+        help="print the N lines of spark_jobs/ whose DataFrame calls took longest",
+    )
     args = parser.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="kwire-profile-"))
     dataset = args.dataset
@@ -147,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             frames[",".join(names)] = made[threading.get_ident()] - made0
 
     submit.run_jobs = timed_run_jobs
+    sites = CallSites() if args.sites else None
 
     t0 = time.perf_counter()
     spark = build_session(
@@ -195,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  in Spark jobs {total_jobs:.1f}s of {analyse_s:.1f}s (the rest: planning, commits, findings)")
     if args.rules:
         print(rules)
+    if sites is not None:
+        sites.print(args.sites)
     print("  writes (wall s, per result):")
     for name, secs in sorted(timings.items(), key=lambda kv: -kv[1]):
         print(f"    {name:30s} {secs:6.2f}")

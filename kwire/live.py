@@ -15,8 +15,10 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import IO, Any
 
 from decoder.pcap import CaptureError, CaptureStats, TcpSegment, iter_stream_segments
@@ -25,6 +27,8 @@ from kwire.pipeline import DecodeSummary, Row, StreamDecoder
 
 __all__ = ["CaptureProgram", "CaptureProgramError", "EndOnInterrupt", "capture_command", "decode_stream"]
 
+#: The script that runs the capture program and ends it when kwire dies.
+_GUARD = Path(__file__).with_name("capture_guard.py")
 #: Environment variable naming the capture program (tcpdump or dumpcap).
 PROGRAM_ENV = "KWIRE_CAPTURE_PROGRAM"
 
@@ -82,10 +86,13 @@ class CaptureProgram:
     ) -> None:
         self.interface = interface
         self.command = capture_command(interface, capture_filter, program, immediate=immediate)
-        # its own process group: Ctrl-C at the terminal reaches kwire, which stops it after
-        # reading what it already wrote (and its "N packets captured" lines stay out of the way)
+        # Started through kwire.capture_guard, which ends it when kwire dies (even by SIGKILL;
+        # when the thread starting it ends, which is when capturing ends). Its own process group:
+        # Ctrl-C at the terminal reaches kwire, which stops it after reading what it already
+        # wrote (and its "N packets captured" lines stay out of the way); signals to the group
+        # reach the guard and the program.
         self.process = subprocess.Popen(
-            self.command,
+            [sys.executable, "-I", "-S", str(_GUARD), str(os.getpid()), *self.command],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -57,6 +57,7 @@ __all__ = [
     "api_versions_round_trips",
     "capturing_tcpdump",
     "confluent_scenario",
+    "descendants",
     "free_port",
     "kafka_python_scenario",
     "kcat_available",
@@ -104,17 +105,39 @@ def api_versions_round_trips(host: str, port: int, n: int, client_id: str) -> No
             exactly(sock, struct.unpack(">i", exactly(sock, 4))[0])
 
 
+def descendants(parent: int, depth: int = 3) -> list[tuple[int, str]]:
+    """(pid, command name) of the processes below ``parent``, up to ``depth`` generations (kwire
+    -> ``kwire.capture_guard`` -> tcpdump is two)."""
+    found = subprocess.run(["ps", "-e", "-o", "pid=,ppid=,comm="], capture_output=True, text=True, timeout=10)
+    table = [
+        (int(row[0]), int(row[1]), row[2])
+        for row in map(str.split, found.stdout.splitlines())
+        if len(row) == 3
+    ]
+    below = {parent}
+    for _ in range(depth):
+        below |= {pid for pid, ppid, _ in table if ppid in below}
+    return [(pid, name) for pid, _, name in table if pid in below and pid != parent]
+
+
 def capturing_tcpdump(parent: int, timeout: float = 20.0) -> int:
-    """The pid of the one tcpdump ``parent`` started, once it holds its packet socket (and half a
-    second more for its ring and filter). A fixed sleep was not enough on a loaded machine: the
-    first packets went by before tcpdump was capturing."""
+    """The pid of the one tcpdump ``parent`` started (through ``kwire.capture_guard``: a
+    grandchild), once it holds its packet socket (and half a second more for its ring and
+    filter). A fixed sleep was not enough on a loaded machine: the first packets went by before
+    tcpdump was capturing."""
     deadline = time.monotonic() + timeout
     pids: list[int] = []
     while time.monotonic() < deadline:
         found = subprocess.run(
-            ["ps", "--ppid", str(parent), "-o", "pid=,comm="], capture_output=True, text=True, timeout=10
+            ["ps", "-e", "-o", "pid=,ppid=,comm="], capture_output=True, text=True, timeout=10
         )
-        pids = [int(line.split()[0]) for line in found.stdout.splitlines() if line.split()[1:] == ["tcpdump"]]
+        table = [line.split() for line in found.stdout.splitlines()]
+        below = {parent}
+        for _ in range(3):  # kwire -> guard -> tcpdump
+            below |= {int(row[0]) for row in table if len(row) == 3 and int(row[1]) in below}
+        pids = [
+            int(row[0]) for row in table if len(row) == 3 and int(row[0]) in below and row[2] == "tcpdump"
+        ]
         if len(pids) == 1 and _has_packet_socket(pids[0]):
             time.sleep(0.5)
             return pids[0]

@@ -18,7 +18,7 @@ from typing import Any
 
 import pyarrow.dataset as pads
 import pytest
-from realkafka import capturing_tcpdump, kill_if_running
+from realkafka import capturing_tcpdump, descendants, kill_if_running
 
 from kwire.rowprint import _json_value
 
@@ -49,13 +49,6 @@ def _status_counts(dataset: Path) -> dict[str, int]:
 
 def _untimed(row: dict[str, Any]) -> str:
     return json.dumps({k: v for k, v in row.items() if k not in TIMED}, sort_keys=True)
-
-
-def _children(pid: int) -> list[tuple[int, str]]:
-    out = subprocess.run(
-        ["ps", "--ppid", str(pid), "-o", "pid=,comm="], capture_output=True, text=True, timeout=10
-    )
-    return [(int(line.split()[0]), line.split()[1]) for line in out.stdout.splitlines() if line.strip()]
 
 
 def _wait_for(check: Any, timeout: float) -> Any:
@@ -136,9 +129,9 @@ def test_capture_records_real_traffic_like_decode_and_survives_restart(tmp_path:
         assert first, "the sidecar published rows while running"
 
         # its capture program dies (as when the interface goes away): it starts another, keeps recording
-        (old,) = [pid for pid, name in _children(sidecar.pid) if name == "tcpdump"]
+        (old,) = [pid for pid, name in descendants(sidecar.pid) if name == "tcpdump"]
         os.kill(old, signal.SIGKILL)
-        assert _wait_for(lambda: [p for p, n in _children(sidecar.pid) if n == "tcpdump" and p != old], 15)
+        assert _wait_for(lambda: [p for p, n in descendants(sidecar.pid) if n == "tcpdump" and p != old], 15)
         time.sleep(1.0)
         before = len(_rows(out))
         kafka_python_scenario(broker.bootstrap, "m-sidecar-2")

@@ -4,6 +4,7 @@ same command writes, and on real loopback traffic read by a real tcpdump."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -498,3 +499,64 @@ def test_ctrl_c_right_after_a_burst_keeps_what_the_ring_still_held(lab_broker: A
     )
     assert lines[-1].startswith("kwire decode: interrupted; kept the ")
     assert int(lines[-1].split("kept the ")[1].split()[0].replace(",", "")) >= n
+
+
+def _processes_with(marker: str) -> dict[int, list[str]]:
+    """The live processes (not zombies) whose command line holds ``marker``: pid -> argv."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and any(marker in arg for arg in argv):
+            found[int(entry)] = argv
+    return found
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("command", ["decode", "capture"])
+def test_a_capture_program_ends_when_kwire_is_killed_on_a_quiet_link(command: str, tmp_path: Path) -> None:
+    """SIGKILL of `kwire decode -i` or `kwire capture` ends its tcpdump, though no packet comes
+    (tcpdump would notice its reader gone only at its next packet: it ran on for hours)."""
+    from realkafka import free_port
+
+    _tcpdump_or_skip()
+    bpf = f"tcp port {free_port()} and host 127.0.0.1"  # nothing comes: the marker of this test's tcpdump
+    argv = [sys.executable, "-m", "kwire", command, "-i", "lo"]
+    if command == "decode":
+        argv += ["-f", bpf, "-T", "jsonl"]
+    else:
+        argv += ["-f", bpf, "-o", str(tmp_path / "rec")]
+    process = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 30
+        programs: dict[int, list[str]] = {}
+        while time.monotonic() < deadline and process.poll() is None:
+            programs = {
+                pid: args
+                for pid, args in _processes_with(bpf).items()
+                if os.path.basename(args[0]) == "tcpdump"
+            }
+            if programs:
+                break
+            time.sleep(0.1)
+        assert programs, f"no tcpdump started; kwire {command} exited {process.poll()}"
+        time.sleep(0.5)
+        process.kill()
+        process.wait(10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _processes_with(bpf):
+            time.sleep(0.1)
+        left = _processes_with(bpf)
+    finally:
+        kill_if_running(process)
+        for pid in _processes_with(bpf):  # a failed run leaves nothing behind either
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert not left, f"still running 10 s after kwire {command} was killed: {left}"
