@@ -72,6 +72,23 @@ def read_event_log(folder: Path) -> dict[str, dict[str, float]]:
     return dict(per)
 
 
+def _jvm_threads_cpu_s(spark) -> dict[str, float]:
+    """The driver JVM's CPU seconds so far per kind of thread (its name, digits dropped: the
+    JIT's compiler threads, the collector, task threads, py4j's threads...), from /proc."""
+    import re
+
+    pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    out: dict[str, float] = defaultdict(float)
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[re.sub(r"[0-9]+", "N", name)] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return dict(out)
+
+
 def _jvm_cpu_s(spark) -> float:
     """The driver JVM's CPU seconds so far (user + system, from /proc)."""
     pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
@@ -227,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     session_s = time.perf_counter() - t0
     cpu0 = _jvm_cpu_s(spark)
+    threads0 = _jvm_threads_cpu_s(spark)
     t0 = time.perf_counter()
     _, _, timings = submit.analyse(
         spark,
@@ -238,10 +256,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     analyse_s = time.perf_counter() - t0
     cpu = _jvm_cpu_s(spark) - cpu0
+    threads = _jvm_threads_cpu_s(spark)
+    threads = {k: v - threads0.get(k, 0.0) for k, v in threads.items()}  # (threads that ended are not in it)
     rules = spark.sparkContext._jvm.org.apache.spark.sql.catalyst.rules.RuleExecutor.dumpTimeSpent()
     spark.stop()
     per = read_event_log(events)
     print(f"session start {session_s:.1f}s; analysis {analyse_s:.1f}s wall, driver JVM CPU {cpu:.1f}s")
+    busiest = sorted(threads.items(), key=lambda kv: -kv[1])[:8]
+    print("  its CPU by thread (live threads): " + ", ".join(f"{name} {secs:.1f}s" for name, secs in busiest))
     print(
         f"  {'kwire job':24s} {'build s':>7s} {'frames':>6s} {'spark jobs':>10s} {'in jobs s':>9s} "
         f"{'task s':>7s} {'tasks':>6s}"
