@@ -278,6 +278,8 @@ class Metrics:
         self.errors: Counter[tuple[int | str, int | str]] = Counter()  # (api key, error code) from rows
         self.latency: dict[int | str, list[int]] = {}  # api key -> bucket counts (+Inf last)
         self.latency_sum: Counter[int | str] = Counter()
+        # Written for every chunk by the forwarding loop's thread alone, so without the lock: with
+        # one writer no update is lost, and a snapshot reads each as a whole int.
         self.bytes_to_broker = 0
         self.bytes_to_client = 0
         self.connections_open = 0

@@ -445,7 +445,7 @@ class Session:
         if self.closed:
             return
         self.bytes_from_client += len(data)
-        self.metrics.add("bytes_to_broker", len(data))
+        self.metrics.bytes_to_broker += len(data)  # the loop's own counter: no lock (Metrics)
         self.recorder.data(self.key, 0, data, ts)
         if self.c_delayed is not None:
             self.c_delayed.append(data)
@@ -523,8 +523,10 @@ class Session:
             if self.header_due:
                 self.header_due = 0.0
             hold = self._request_head(head)
-            held = bytes(self.c_head)
-            self.c_head.clear()
+            held = b""
+            if self.c_head:  # a head that came in pieces
+                held = bytes(self.c_head)
+                self.c_head.clear()
             if hold and not self._take(head.size):
                 hold = False  # at the memory budget: forwarded as it comes, no rule looks at it
                 if head.expects_response:
@@ -729,7 +731,7 @@ class Session:
         if self.cl.is_closing():
             return
         self.bytes_to_client += len(data)
-        self.metrics.add("bytes_to_client", len(data))
+        self.metrics.bytes_to_client += len(data)
         self.recorder.data(self.key, 1, data, _time_ns())
 
     def _pieces_to_client(self, pieces: list[Any]) -> None:
@@ -742,7 +744,7 @@ class Session:
         if self.cl.is_closing():
             return
         self.bytes_to_client += size
-        self.metrics.add("bytes_to_client", size)
+        self.metrics.bytes_to_client += size
         ts = _time_ns()
         for piece in pieces:
             self.recorder.data(self.key, 1, piece, ts)
