@@ -2,7 +2,7 @@
 200-connection load.
 
     python bench/proxy_parts.py [--variants bare,bare-busy,bare-polite,kwire,no-recorder,no-decode,no-writer,
-                                            no-metrics,no-rewrite,passthru]
+                                            no-metrics,no-rewrite,no-skim,passthru]
                                 [--rounds 3] [--conns 200] [--rate 10] [--seconds 8] [--busy-duty 0.15]
 
 Each variant is ``kwire proxy`` (recording on, as in ``bench/proxy_overhead.py``) with one part
@@ -23,6 +23,8 @@ put the whole session path at a fifth of what it costs in place:
   pipe and batching stay; its decoding, rows and writing go);
 * ``no-writer``: the recorder process decodes and makes rows and metrics, but writes no file;
 * ``no-metrics``: no counters, no per-request client-id counting;
+* ``no-skim``: no chunk is looked at for large record frames to send as skeletons
+  (``proxy.skim``): every chunk goes to the recorder as it came;
 * ``no-rewrite``: responses are not rewritten (the load's raw clients never follow the
   addresses Metadata gives, so the load is unchanged);
 * ``passthru``: the session forwards each chunk as it comes: no framing, no request
@@ -69,6 +71,7 @@ VARIANTS = (
     "no-writer",
     "no-metrics",
     "no-rewrite",
+    "no-skim",
     "passthru",
 )
 
@@ -107,6 +110,10 @@ def _patch(variant: str) -> None:
     if variant == "no-metrics":
         for name in ("add", "count_request", "bump"):
             setattr(metrics.Metrics, name, lambda self, *args: None)
+    if variant == "no-skim":
+        from proxy import skim
+
+        skim.FrameSkim.feed = lambda self, direction, data, ts_ns: None  # type: ignore[method-assign]
     if variant == "no-rewrite":
         session.Session._rewritten = lambda self, frame, entry: frame  # type: ignore[method-assign]
     if variant == "passthru":
