@@ -59,15 +59,12 @@ def main(argv: list[str]) -> int:
     os.close(devnull)
     if early or os.getppid() != parent:  # asked to stop, or kwire died, while it started
         pass_on(early[0] if early else signal.SIGTERM, None)
-    while True:
-        try:
-            _, status = os.waitpid(child, 0)
-        except ChildProcessError:
-            return 0
-        except InterruptedError:  # (PEP 475 retries; kept for clarity)
-            continue
-        code = os.waitstatus_to_exitcode(status)
-        return 128 - code if code < 0 else code
+    try:
+        _, status = os.waitpid(child, 0)  # (PEP 475: retried after each signal passed on)
+    except ChildProcessError:
+        return 0
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
 
 
 if __name__ == "__main__":

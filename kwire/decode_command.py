@@ -935,9 +935,7 @@ def _decode(
 
     bar = None
     update: Callable[[int], None] | None = None
-    stderr = (
-        None  # rich only when it shows something: its import (15 ms) is on a quiet decode's critical path
-    )
+    stderr = None  # rich only when it shows something: its import (15 ms) would delay a quiet decode
     if not quiet:
         from rich.console import Console
 
@@ -994,7 +992,6 @@ def _decode(
         )
         return EXIT_INTERRUPTED
     if not quiet:
-        from rich.console import Console
 
         class SummaryConsole(Console):
             def on_broken_pipe(self) -> None:  # `kwire decode ... | head`: the reader left, carry on
