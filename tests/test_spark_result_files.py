@@ -21,6 +21,7 @@ from spark_jobs.session import (
     session_sql_conf,
     small_data,
     small_data_sql_conf,
+    small_sql_at_run_time,
 )
 
 
@@ -143,6 +144,15 @@ def test_size_tiers(monkeypatch) -> None:
     assert data_profile(1) == "large" and small_data_sql_conf(1) == {}
     monkeypatch.setenv("KWIRE_SPARK_PROFILE", "tiny")
     assert small_data_sql_conf(None) == tiny
+
+
+def test_a_jvm_spark_submit_started_gets_the_small_settings_on_a_local_master_too() -> None:
+    # build_session gives a local JVM it starts its settings at start; any other JVM (a
+    # cluster's driver, or spark-submit's, local master or not) gets them once it runs
+    assert small_sql_at_run_time(under_submit=True, master="local[2]")
+    assert small_sql_at_run_time(under_submit=True, master="spark://127.0.0.1:7077")
+    assert small_sql_at_run_time(under_submit=False, master="spark://127.0.0.1:7077")
+    assert not small_sql_at_run_time(under_submit=False, master="local[*]")
 
 
 @pytest.mark.parametrize("profile", ["tiny", "small"])
