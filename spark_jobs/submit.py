@@ -138,8 +138,8 @@ def analyse(
     in two runs is two clients. ``combined`` makes them one run (``common.combine_runs``).
 
     ``parallel`` jobs (default 2, 3 on a Connect session) run at once, longest first
-    (``jobs.SCHEDULE``), each writing its own results in order: much of a job's time is driver work and single-task stages, and Spark runs
-    another job's tasks on the idle cores.
+    (``jobs.SCHEDULE``), each writing its own results in order: much of a job's time is driver
+    work and single-task stages, and Spark runs another job's tasks on the idle cores.
     ``sources``: analyse only these runs (``source`` values) of the dataset.
     """
     # Each job scans the Parquet for its own columns: caching the whole table in memory first
