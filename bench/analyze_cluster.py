@@ -35,7 +35,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from compare_reports import differences, read_results  # noqa: E402 - after the path setup
+from analyze_small import _timed  # noqa: E402 - after the path setup
+from compare_reports import differences, read_results  # noqa: E402
 from spark_cluster import StandaloneCluster  # noqa: E402
 
 #: The captures the decode job reads: two small ones, one task each (as tests/test_spark_cluster.py)
@@ -59,12 +60,9 @@ def _dataset(args: argparse.Namespace, work: Path) -> Path:
 
 
 def _timed_local(args: list[str], timeout: float) -> float:
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
-    elapsed = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-2000:]}")
-    return elapsed
+    """Seconds ``python ARGS`` took, run from the checkout as ``bench/analyze_small.py`` runs
+    its commands."""
+    return _timed([sys.executable, *args], timeout)
 
 
 def _timed_cluster(cluster: StandaloneCluster, args: list[str], timeout: float) -> float:
