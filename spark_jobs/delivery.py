@@ -126,6 +126,36 @@ def _send_order() -> Column:
     return F.struct("request_time", "correlation_id", "connection_id")
 
 
+def _same_partition(x: Column, b: Column) -> Column:
+    """Whether partition result (or batch) ``x`` is for batch ``b``'s partition."""
+    return (x["partition"] == b["partition"]) & (
+        F.coalesce(x["topic"], x["topic_id"]).eqNullSafe(F.coalesce(b["topic"], b["topic_id"]))
+    )
+
+
+def _with_result(b: Column, i: Column) -> Column:
+    """Batch ``b`` (index ``i`` of its request's ``batches``) with its partition's result in the
+    response (``r``; null if none) and the offsets the batches before it take (``before``)."""
+    result = F.try_element_at(F.filter("partition_errors", lambda x: _same_partition(x, b)), F.lit(1))
+    return F.struct(b.alias("b"), result.alias("r"), _offsets_before(b, i).alias("before"))
+
+
+def _offsets_before(b: Column, i: Column) -> Column:
+    """The offsets taken by the batches of ``b``'s partition before it (index ``i``) in its
+    request. Legacy message sets put several messages of a partition in one request, each
+    landing after the ones before it; a v2 request holds one batch per partition, so v2 batches
+    add 0 without looking (the look is quadratic in the request's batches)."""
+    earlier = F.filter(F.slice("batches", F.lit(1), i), lambda x: _same_partition(x, b))
+
+    def size(acc: Column, x: Column) -> Column:
+        return acc + F.coalesce(
+            x["last_offset_delta"].cast("long") + 1, x["record_count"].cast("long"), F.lit(1).cast("long")
+        )
+
+    zero = F.lit(0).cast("long")
+    return F.when(b["magic"] < 2, F.aggregate(earlier, zero, size)).otherwise(zero)
+
+
 # ------------------------------------------------------------------------------ attempts
 
 
@@ -140,16 +170,13 @@ def produce_attempts(exchanges: DataFrame, names: DataFrame | None = None) -> Da
     ``attempt``, ``attempts`` and the ``next_*`` columns chain the attempts of one batch by
     time; ``ended_time`` is when its outcome was known (the answer; unanswered: when sent)."""
     names = topic_names(exchanges) if names is None else names
-    b = F.col("b")
-
-    def same_partition(x: Column) -> Column:
-        return (x["partition"] == b["partition"]) & (
-            F.coalesce(x["topic"], x["topic_id"]).eqNullSafe(F.coalesce(b["topic"], b["topic_id"]))
-        )
-
     produce = exchanges.where(
         (F.col("api_key") == PRODUCE) & (F.col("status") != "orphan_response") & (F.size("batches") > 0)
     )
+    # Each batch is paired with its partition's result before the explode, so that no exploded
+    # row carries the request's two arrays and each lookup runs once, not once per use. (Spark
+    # cannot share a lambda's result between expressions: every F.filter is a new lambda.)
+    paired = F.transform("batches", _with_result)
     rows = produce.select(
         "source",
         client_key().alias("client_key"),
@@ -163,24 +190,9 @@ def produce_attempts(exchanges: DataFrame, names: DataFrame | None = None) -> Da
         "response_time",
         "status",
         "acks",
-        F.posexplode("batches").alias("pos", "b"),
-        "partition_errors",
-        "batches",
+        F.explode(paired).alias("e"),
     )
-    result = F.try_element_at(F.filter("partition_errors", same_partition), F.lit(1))
-    # Legacy message sets put several messages of a partition in one request: each lands after
-    # the ones before it. (A v2 request holds one batch per partition: this adds 0.)
-    earlier = F.filter(F.slice("batches", F.lit(1), F.col("pos")), same_partition)
-    offsets_before = F.aggregate(
-        earlier,
-        F.lit(0).cast("long"),
-        lambda acc, x: (
-            acc
-            + F.coalesce(
-                x["last_offset_delta"].cast("long") + 1, x["record_count"].cast("long"), F.lit(1).cast("long")
-            )
-        ),
-    )
+    b, result = F.col("e.b"), F.col("e.r")
     code = result["error_code"]
     answered = F.col("status") == "ok"
     outcome = (
@@ -217,7 +229,7 @@ def produce_attempts(exchanges: DataFrame, names: DataFrame | None = None) -> Da
         idempotent.alias("idempotent"),
         outcome.alias("outcome"),
         code.alias("error_code"),
-        F.when(result["base_offset"] >= 0, result["base_offset"] + offsets_before).alias("offset"),
+        F.when(result["base_offset"] >= 0, result["base_offset"] + F.col("e.before")).alias("offset"),
     )
     attempts = name_topics(attempts, names).drop("topic_id")
     key = F.xxhash64(
@@ -230,10 +242,12 @@ def produce_attempts(exchanges: DataFrame, names: DataFrame | None = None) -> Da
         F.when(~F.col("idempotent"), F.struct("magic", "crc")),
     )
     chain = Window.partitionBy("batch_key").orderBy("request_time", "correlation_id")
+    # the whole chain in the same order: one Window operator (one pass) for all four
+    whole = chain.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
     return attempts.withColumn("batch_key", key).withColumns(
         {
             "attempt": F.row_number().over(chain),
-            "attempts": F.count(F.lit(1)).over(Window.partitionBy("batch_key")),
+            "attempts": F.count(F.lit(1)).over(whole),
             "next_request_time": F.lead("request_time").over(chain),
             "next_broker_ip": F.lead("broker_ip").over(chain),
             "next_broker_port": F.lead("broker_port").over(chain),

@@ -339,3 +339,31 @@ def test_dominant_verdict_takes_the_most_errors_and_the_worse_on_a_tie(spark) ->
     rows = [tuple(given.get(name, 0) for name in _WORST_FIRST) for given, _ in counts]
     got = spark.createDataFrame(rows, schema).select(_dominant().alias("v")).collect()
     assert [r.v for r in got] == [want for _, want in counts]
+
+
+def test_each_batch_gets_its_own_partitions_result_and_place(spark) -> None:  # noqa: F811
+    """A request of several partitions answered in another order (brokers answer in their own
+    order): each batch takes its partition's result. Legacy messages of one partition land one
+    after another from the result's base offset; a v2 batch takes the base offset as is."""
+    from spark_jobs.delivery import produce_attempts
+
+    v2 = [batch("t", p, 100 + p) for p in range(3)]
+    many = produce(1, JAVA, v2[0])
+    many.update(
+        batches=v2,
+        partition_errors=[result("t", 2, 6), result("t", 1, 0, 20), result("t", 0, 0, 10)],
+    )
+    legacy = [batch("old", 0, 7, magic=1, last_offset_delta=None), batch("old", 1, 8, magic=1)]
+    legacy += [batch("old", 0, 9, magic=1, last_offset_delta=None)]
+    old = produce(2, OLD, legacy[0])
+    old.update(batches=legacy, partition_errors=[result("old", 1, 0, 50), result("old", 0, 0, 30)])
+    rows = produce_attempts(tables(spark, [many, old]).exchanges).collect()
+    got = {(r["topic"], r["partition"], r["crc"]): (r["outcome"], r["error_code"], r["offset"]) for r in rows}
+    assert got == {
+        ("t", 0, 100): ("acked", 0, 10),
+        ("t", 1, 101): ("acked", 0, 20),
+        ("t", 2, 102): ("failed", 6, None),
+        ("old", 0, 7): ("acked", 0, 30),
+        ("old", 1, 8): ("acked", 0, 50),
+        ("old", 0, 9): ("acked", 0, 31),
+    }
