@@ -17,6 +17,7 @@ from spark_jobs import numpy_probe, py4j_cache
 from spark_jobs.class_archive import archive_classpath, archive_options, note_driver_pid
 
 __all__ = [
+    "FIRST_TIER_DATA_BYTES",
     "SMALL_DATA_BYTES",
     "TINY_DATA_BYTES",
     "build_session",
@@ -93,6 +94,17 @@ _TINY_SQL_CONF = {
 #: generated code, 100k exchanges filled 48 MB, and the JVM then stopped compiling (40.0 s
 #: against 34.4 s).
 _SMALL_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:ReservedCodeCacheSize=240m"
+#: Large data up to this many bytes of Parquet (some 1.2M exchanges) still gets the JIT's first
+#: tier only, with the large-data SQL settings and collector. The second tier (C2) compiles the
+#: code Spark generates for each stage, and Janino, for a fixed 50-70 s of CPU that only many
+#: rows earn back. Full analysis of synthetic datasets (``bench/analyze_profile.py``, large-data
+#: settings, ``local[2]``, 2026-12-07), first tier only against both: 1M exchanges (65 MB) 75.1
+#: against 85.4 s wall, 136 against 159 s of driver JVM CPU (compilers 3.3 against 54.3 s,
+#: tasks 83.3 against 63.9 s); 2M (129 MB) 130.3 against 125.2 s; 10M (637 MB) 565.4 against
+#: 343.9-366.1 s. Raising C2's thresholds instead (``CompileThresholdScaling=5``, or the tier 4
+#: thresholds x10) left its CPU at 46-47 s and the 1M run at 88 s.
+FIRST_TIER_DATA_BYTES = 80 << 20
+_FIRST_TIER_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 #: Small data, local master: 1 MB memory pages for sorts and hash aggregates. Spark sizes them
 #: from the heap (64 MB for a 4 GB driver), and every sorting or aggregating task allocated and
 #: zeroed at least one: analysing the demo dataset, the driver's heap held 0.9-1.6 GB after its
@@ -238,6 +250,8 @@ def build_session(
         conf["spark.driver.extraJavaOptions"] = (
             f"-Dlog4j2.configurationFile={_LOG4J.as_uri()} -XX:+UseParallelGC"
         )
+        if data_bytes is not None and data_bytes <= FIRST_TIER_DATA_BYTES:
+            conf["spark.driver.extraJavaOptions"] += f" {_FIRST_TIER_JVM_OPTIONS}"
         if small_data(data_bytes):
             conf["spark.driver.extraJavaOptions"] = (
                 f"-Dlog4j2.configurationFile={_LOG4J.as_uri()} {_SMALL_JVM_OPTIONS}"

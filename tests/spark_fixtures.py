@@ -39,12 +39,12 @@ _corr = itertools.count(1)
 
 
 def session_settings(
-    monkeypatch: pytest.MonkeyPatch, archive: str = "", classpath: str = ""
+    monkeypatch: pytest.MonkeyPatch, archive: str = "", classpath: str = "", data_bytes: int | None = 1
 ) -> dict[str, str]:
-    """The settings ``build_session("local[2]", data_bytes=1)`` gives a new local session,
-    without starting one (the test session's JVM is already running, and ``build_session``
-    would return it): ``archive`` and ``classpath`` stand for the class archive's options and
-    its class path (none by default)."""
+    """The settings ``build_session("local[2]", data_bytes=data_bytes)`` gives a new local
+    session, without starting one (the test session's JVM is already running, and
+    ``build_session`` would return it): ``archive`` and ``classpath`` stand for the class
+    archive's options and its class path (none by default)."""
     from spark_jobs import session
 
     captured: dict[str, str] = {}
@@ -68,7 +68,7 @@ def session_settings(
     monkeypatch.setattr(session, "archive_options", lambda: (archive, None))
     monkeypatch.setattr(session, "archive_classpath", lambda: classpath)
     with pytest.raises(RuntimeError, match="stop here"):
-        session.build_session("local[2]", data_bytes=1)
+        session.build_session("local[2]", data_bytes=data_bytes)
     return captured
 
 

@@ -13,6 +13,7 @@ import pytest
 from spark_fixtures import session_settings, spark  # noqa: F401
 
 from spark_jobs.session import (
+    FIRST_TIER_DATA_BYTES,
     INPUTS_IN_MEMORY_CONF,
     ONE_PARTITION_CONF,
     SMALL_DATA_BYTES,
@@ -165,3 +166,19 @@ def test_a_small_session_gets_its_tier(monkeypatch, profile: str) -> None:
     assert "-XX:ReservedCodeCacheSize=240m" in captured["spark.driver.extraJavaOptions"]
     assert (captured.get("spark.sql.codegen.wholeStage") == "false") == (profile == "tiny")
     assert captured[INPUTS_IN_MEMORY_CONF] == "true"
+
+
+def test_large_data_gets_the_first_jit_tier_until_many_rows_earn_back_the_second(monkeypatch) -> None:
+    """A large local dataset up to FIRST_TIER_DATA_BYTES keeps the large-data settings but runs
+    the JIT's first tier only; a larger one, or one of unknown size, gets both tiers."""
+    monkeypatch.delenv("KWIRE_SPARK_PROFILE", raising=False)
+    for data_bytes, first_tier_only in (
+        (SMALL_DATA_BYTES + 1, True),
+        (FIRST_TIER_DATA_BYTES, True),
+        (FIRST_TIER_DATA_BYTES + 1, False),
+        (None, False),
+    ):
+        captured = session_settings(monkeypatch, data_bytes=data_bytes)
+        options = captured["spark.driver.extraJavaOptions"]
+        assert captured.get(ONE_PARTITION_CONF) != "true" and "-XX:+UseParallelGC" in options
+        assert ("-XX:TieredStopAtLevel=1" in options) == first_tier_only, data_bytes
