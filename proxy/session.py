@@ -42,6 +42,7 @@ correlation id, and an empty token (4 bytes) is passed on at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import struct
 import time
@@ -285,6 +286,12 @@ class Session:
         self.proxy.upstream_refused(targets, error)
         self._record_unforwarded()
         if self._end("rst"):
+            # A FIN before the reset, even with the client's bytes unread (which make the close
+            # a bare RST): a capture then tells a connection the proxy accepted and ended from
+            # one a closed listener reset in its backlog, never accepted (tests/test_proxy_real_cluster.py).
+            with contextlib.suppress(OSError, RuntimeError):
+                if self.cl.can_write_eof():
+                    self.cl.write_eof()
             self.cl.abort()
 
     def _record_unforwarded(self) -> None:

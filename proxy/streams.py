@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from decoder.pcap import iter_segments_merged
-from decoder.tcp import StreamClosed, StreamData, StreamGap, StreamOpened, TcpReassembler
+from decoder.tcp import FirstEnd, StreamClosed, StreamData, StreamGap, StreamOpened, TcpReassembler
 
 __all__ = ["CapturedStream", "capture_streams", "split_frames"]
 
@@ -33,6 +33,14 @@ class CapturedStream:
     #: capture times (ns) of the first and the last packet
     opened_ns: int = 0
     closed_ns: int = 0
+    #: the first FIN or RST, and its side (None: neither in the capture)
+    first_end: FirstEnd | None = None
+
+    @property
+    def server_closed_first(self) -> bool:
+        """Whether the server ended the connection first, with a FIN: it had accepted it (a
+        listener that closes with connections in its backlog resets them without one)."""
+        return self.first_end is not None and self.first_end.direction == 1 and self.first_end.flag == "fin"
 
 
 def capture_streams(paths: Sequence[str | os.PathLike[str]]) -> list[CapturedStream]:
@@ -60,6 +68,7 @@ def capture_streams(paths: Sequence[str | os.PathLike[str]]) -> list[CapturedStr
             elif isinstance(event, StreamClosed):
                 streams[event.conn_id].how = event.how
                 streams[event.conn_id].closed_ns = event.stats.last_ts_ns
+                streams[event.conn_id].first_end = event.stats.first_end
 
     last = 0
     for segment in iter_segments_merged(paths):

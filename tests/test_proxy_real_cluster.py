@@ -163,8 +163,10 @@ class ProxiedRun:
         proxy closes it has finished its handshake in the kernel, and the client's request (a
         knock came 0.7 ms after the proxy's first refusal, in CI) is reset unread. The proxy
         never accepted it, so it has no row. An accepted connection whose broker refuses it is
-        ended with a FIN, and recorded."""
-        return [s for s in self.near if not s.data[1] and s.how == "rst"]
+        ended with a FIN first, and recorded; a request the client sends after that FIN is
+        answered with a RST (in CI: FIN 1 ms after the handshake, the client's request 8 ms
+        later, reset), so the FIN is what tells it from a refused one."""
+        return [s for s in self.near if not s.data[1] and s.how == "rst" and not s.server_closed_first]
 
     @cached_property
     def accepted(self) -> list[CapturedStream]:
