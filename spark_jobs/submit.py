@@ -86,6 +86,8 @@ def collect_arrow(df: DataFrame) -> pa.Table:
     from pyspark.sql.pandas.types import to_arrow_schema
 
     table = df.toArrow()
+    if not is_connect(df.sparkSession):
+        _relabel_after_action(df.sparkSession)
     if is_connect(df.sparkSession):
         # A Connect client sees only the analysed schema (in the JVM's key order here): where the
         # optimiser proved a column never null and the analysis did not, a served run's file
@@ -100,6 +102,28 @@ def collect_arrow(df: DataFrame) -> pa.Table:
         "org.apache.spark.sql.parquet.row.metadata": planned,
     }
     return table.cast(schema).replace_schema_metadata(spark_metadata)
+
+
+_CALL_SITE_SHORT, _CALL_SITE_LONG = "callSite.short", "callSite.long"
+
+
+def label_call_sites(spark: SparkSession, label: str) -> None:
+    """Give the RDDs and Spark jobs this thread makes ``label`` as their call site (UI, event
+    log). Unlabelled, Spark works one out for every RDD, job and SQL execution by walking the
+    JVM thread's stack and matching each frame against its internal-class patterns: 3.4% of the
+    driver JVM's CPU samples in an analysis of the demo dataset (JFR, 1 ms)."""
+    sc = spark.sparkContext
+    sc.setLocalProperty(_CALL_SITE_SHORT, label)
+    sc.setLocalProperty(_CALL_SITE_LONG, label)
+
+
+def _relabel_after_action(spark: SparkSession) -> None:
+    # PySpark's actions (toArrow, collect) set the short call site to the Python line for their
+    # run and then clear it, which would bring the stack walks back for this thread
+    sc = spark.sparkContext
+    label = sc.getLocalProperty(_CALL_SITE_LONG)
+    if label is not None and sc.getLocalProperty(_CALL_SITE_SHORT) is None:
+        sc.setLocalProperty(_CALL_SITE_SHORT, label)
 
 
 def write_arrow(table: pa.Table, folder: Path) -> None:
@@ -162,6 +186,7 @@ def analyse(
     def run_one(name: str) -> tuple[dict[str, DataFrame], dict[str, float]]:
         if not is_connect(spark):  # a Connect server labels each client's jobs by session
             spark.sparkContext.setJobDescription(name)  # labels its Spark jobs (UI, event log)
+            label_call_sites(spark, f"kwire job {name}")
         results = run_jobs(tables, [name], options, **context)
         return results, write_results(results, out, log=log)
 

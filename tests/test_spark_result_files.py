@@ -107,6 +107,29 @@ def test_arrow_written_results_are_the_files_spark_writes(spark, tmp_path: Path)
 
 
 @pytest.mark.spark
+def test_a_labelled_thread_keeps_its_call_site_across_actions(spark) -> None:  # noqa: F811
+    """A job thread's RDDs and Spark jobs are named by its label, so Spark never walks the stack
+    for a call site: before an action, during it, and after PySpark's action cleared its own."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from spark_jobs.submit import collect_arrow, label_call_sites
+
+    def in_a_job_thread() -> tuple:
+        sc = spark.sparkContext
+        label_call_sites(spark, "kwire job test")
+        before = (sc.getLocalProperty("callSite.short"), sc.getLocalProperty("callSite.long"))
+        table = collect_arrow(spark.range(3).toDF("n"))
+        after = (sc.getLocalProperty("callSite.short"), sc.getLocalProperty("callSite.long"))
+        return before, table.num_rows, after
+
+    with ThreadPoolExecutor(1) as pool:  # as submit.analyse runs jobs: its own thread
+        before, rows, after = pool.submit(in_a_job_thread).result()
+    assert before == after == ("kwire job test", "kwire job test") and rows == 3
+    # the label stays in that thread
+    assert spark.sparkContext.getLocalProperty("callSite.long") != "kwire job test"
+
+
+@pytest.mark.spark
 def test_an_arrow_write_replaces_the_result_it_finds(spark, tmp_path: Path) -> None:  # noqa: F811
     from spark_jobs.submit import write_results
 
