@@ -98,7 +98,8 @@ _SMALL_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:ReservedCodeC
 #: tier only, with the large-data SQL settings and collector. The second tier (C2) compiles the
 #: code Spark generates for each stage, and Janino, for a fixed 50-70 s of CPU that only many
 #: rows earn back. Full analysis of synthetic datasets (``bench/analyze_profile.py``, large-data
-#: settings, ``local[2]``, 2026-12-07), first tier only against both: 1M exchanges (65 MB) 75.1
+#: settings, ``local[2]``, 2026-12-07), first tier only against both: 600k exchanges (41 MB)
+#: 58.5 and 59.4 s against 75.2 and 76.6 s (the small-data settings: 61.6 s); 1M (65 MB) 75.1
 #: against 85.4 s wall, 136 against 159 s of driver JVM CPU (compilers 3.3 against 54.3 s,
 #: tasks 83.3 against 63.9 s); 2M (129 MB) 130.3 against 125.2 s; 10M (637 MB) 565.4 against
 #: 343.9-366.1 s. Raising C2's thresholds instead (``CompileThresholdScaling=5``, or the tier 4
