@@ -86,8 +86,6 @@ def collect_arrow(df: DataFrame) -> pa.Table:
     from pyspark.sql.pandas.types import to_arrow_schema
 
     table = df.toArrow()
-    if not is_connect(df.sparkSession):
-        _relabel_after_action(df.sparkSession)
     if is_connect(df.sparkSession):
         # A Connect client sees only the analysed schema (in the JVM's key order here): where the
         # optimiser proved a column never null and the analysis did not, a served run's file
@@ -95,6 +93,7 @@ def collect_arrow(df: DataFrame) -> pa.Table:
         # lab captures does (tests/test_sql_command.py compares every file both ways).
         planned = json.dumps(df.schema.jsonValue(), separators=(",", ":"))
     else:
+        _relabel_after_action(df.sparkSession)
         planned = df._jdf.queryExecution().executedPlan().schema().json()
     schema = to_arrow_schema(StructType.fromJson(json.loads(planned)), timezone="UTC")
     spark_metadata = {
