@@ -7,6 +7,7 @@ submit command; otherwise it is ``local[*]`` unless a ``--master`` URL is given.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from pyspark.sql import SparkSession
 
 from spark_jobs import numpy_probe, py4j_cache
 from spark_jobs.class_archive import archive_classpath, archive_options, note_driver_pid
+from spark_jobs.driver_java import launch_env
 
 __all__ = [
     "FIRST_TIER_DATA_BYTES",
@@ -239,7 +241,8 @@ def build_session(
         # DataFrames an analysis; a failing job still names its Spark error and Python traceback.
         "spark.python.sql.dataFrameDebugging.enabled": "false",
     }
-    if not under_submit and is_local_master(master):
+    launches_jvm = not under_submit and is_local_master(master)
+    if launches_jvm:
         cores = os.cpu_count() or 2
         if master and master.startswith("local[") and master[6:-1].isdigit():
             cores = int(master[6:-1])
@@ -280,7 +283,8 @@ def build_session(
     for key, value in {**conf, **(extra_conf or {})}.items():
         builder = builder.config(key, value)
     numpy_probe.install()  # no pandas import behind py4j's first call
-    spark = builder.getOrCreate()
+    with launch_env() if launches_jvm else contextlib.nullcontext():
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     py4j_cache.install()  # two of every three calls into the JVM while the jobs build
     if recording is not None:
