@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kwire.sql_command import sql, warm_session
+from kwire.sql_command import error_line, sql, warm_session
 
 __all__ = ["analyze", "audit", "sql"]
 
@@ -106,7 +106,10 @@ def _session(dataset: Path, master: str | None, local: bool, app: str, sized: bo
         spark = warm_session(dataset, data_bytes)
         if spark is not None:
             return spark, "the warm server"
-    return build_session(master, app, data_bytes=data_bytes if sized else None), None
+    try:
+        return build_session(master, app, data_bytes=data_bytes if sized else None), None
+    except Exception as exc:  # the JVM's own lines, if it printed any, came first
+        raise _fail(f"Spark did not start: {error_line(exc)}", 1) from None
 
 
 def analyze(

@@ -11,7 +11,12 @@ session in 12.6 s instead of 5-6 s without an archive (2.4-3.1 s with one), and 
 writing it for 14 s after its work was done. A run that finds no archive runs without one
 and starts that recorder in the background at the lowest CPU priority.
 
-The archive (~170 MB) lives in the clone's git-ignored ``.cache/spark-cds/``
+On JDK 25 and later (:mod:`spark_jobs.driver_java`) it is an ahead-of-time cache instead
+(``.aot``; ``-XX:AOTCacheOutput`` at the recorder's exit, ``-XX:AOTCache`` after): the classes
+loaded and linked, not only parsed. Its recorder analyses the bundled capture
+(:data:`_WARM_UP_CAPTURE`) rather than an empty dataset, so the tasks' classes are in it too.
+
+The archive (~170-200 MB) lives in the clone's git-ignored ``.cache/spark-cds/``
 (``$KWIRE_SPARK_CDS_DIR`` elsewhere); ``KWIRE_SPARK_CDS=0`` turns this off.
 
 The JDK archives no class from a signed jar, and two of pyspark's jars are signed: janino and

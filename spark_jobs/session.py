@@ -17,6 +17,7 @@ from pyspark.sql import SparkSession
 from spark_jobs import numpy_probe, py4j_cache
 from spark_jobs.class_archive import archive_classpath, archive_options, note_driver_pid
 from spark_jobs.driver_java import launch_env
+from spark_jobs.jvm_stderr import launching
 
 __all__ = [
     "FIRST_TIER_DATA_BYTES",
@@ -283,7 +284,10 @@ def build_session(
     for key, value in {**conf, **(extra_conf or {})}.items():
         builder = builder.config(key, value)
     numpy_probe.install()  # no pandas import behind py4j's first call
-    with launch_env() if launches_jvm else contextlib.nullcontext():
+    with contextlib.ExitStack() as launch:
+        if launches_jvm:  # this call starts the driver JVM: its JDK, its standard error
+            launch.enter_context(launch_env())
+            launch.enter_context(launching())
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     py4j_cache.install()  # two of every three calls into the JVM while the jobs build

@@ -67,5 +67,12 @@ def test_java_home_is_set_only_while_the_driver_launches(jvms, monkeypatch):
 def test_the_running_driver_is_the_chosen_jdk(spark):  # noqa: F811
     """The tests' own session was launched through ``build_session``: its JVM is the JDK
     :func:`driver_java.driver_java` names (a JDK 25 on machines of this project's kind)."""
-    version = spark.sparkContext._jvm.java.lang.System.getProperty("java.version")
-    assert int(version.split(".")[0]) == driver_java.java_major(driver_java.driver_java())
+    system = spark.sparkContext._jvm.java.lang.System
+    assert int(system.getProperty("java.version").split(".")[0]) == driver_java.java_major(
+        driver_java.driver_java()
+    )
+    # The JVM says "sharing" when it mapped a class archive or AOT cache: one given to this JVM
+    # (recorded for its JDK and class path) must fit it; a misfit is silent and only costs speed.
+    options = spark.sparkContext.getConf().get("spark.driver.extraJavaOptions", "")
+    if "-XX:AOTCache=" in options or "-XX:SharedArchiveFile=" in options:
+        assert "sharing" in system.getProperty("java.vm.info")
