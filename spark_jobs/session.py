@@ -251,16 +251,14 @@ def build_session(
         conf["spark.default.parallelism"] = str(max(2, cores))
         conf["spark.driver.memory"] = driver_memory or os.environ.get("KWIRE_SPARK_DRIVER_MEMORY", "4g")
         conf["spark.ui.enabled"] = "true" if ui else "false"
-        # The parallel (throughput) collector: a batch run wants the least GC CPU, not short pauses.
-        conf["spark.driver.extraJavaOptions"] = (
-            f"-Dlog4j2.configurationFile={_LOG4J.as_uri()} -XX:+UseParallelGC"
-        )
-        if data_bytes is not None and data_bytes <= FIRST_TIER_DATA_BYTES:
-            conf["spark.driver.extraJavaOptions"] += f" {_FIRST_TIER_JVM_OPTIONS}"
         if small_data(data_bytes):
-            conf["spark.driver.extraJavaOptions"] = (
-                f"-Dlog4j2.configurationFile={_LOG4J.as_uri()} {_SMALL_JVM_OPTIONS}"
-            )
+            jit_gc = _SMALL_JVM_OPTIONS
+        elif data_bytes is not None and data_bytes <= FIRST_TIER_DATA_BYTES:
+            jit_gc = f"-XX:+UseParallelGC {_FIRST_TIER_JVM_OPTIONS}"
+        else:  # the parallel (throughput) collector: a batch run wants the least GC CPU, not short pauses
+            jit_gc = "-XX:+UseParallelGC"
+        conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={_LOG4J.as_uri()} {jit_gc}"
+        if small_data(data_bytes):
             conf.update(small_data_sql_conf(data_bytes))
             conf.update(_SMALL_CORE_CONF)
             if shuffle_partitions:
@@ -299,7 +297,7 @@ def build_session(
             - set(extra_conf or {})
             - ({"spark.sql.shuffle.partitions"} if shuffle_partitions else set())
         )
-        _small_sql_on_cluster(spark, small_data_sql_conf(data_bytes), ours=mine)
+        _set_small_sql_at_run_time(spark, small_data_sql_conf(data_bytes), ours=mine)
     return spark
 
 
@@ -312,7 +310,7 @@ def small_sql_at_run_time(under_submit: bool, master: str) -> bool:
     return under_submit or not is_local_master(master)
 
 
-def _small_sql_on_cluster(spark: SparkSession, wanted: dict[str, str], ours: set[str]) -> None:
+def _set_small_sql_at_run_time(spark: SparkSession, wanted: dict[str, str], ours: set[str]) -> None:
     """Small data on a cluster (``spark-submit --master spark://...``), or on a local master
     whose JVM ``spark-submit`` started (its settings were not this module's to choose): the
     same SQL settings as a local small run (``wanted``), set on the running session, except
