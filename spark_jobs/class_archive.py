@@ -11,10 +11,12 @@ session in 12.6 s instead of 5-6 s without an archive (2.4-3.1 s with one), and 
 writing it for 14 s after its work was done. A run that finds no archive runs without one
 and starts that recorder in the background at the lowest CPU priority.
 
-On JDK 25 and later (:mod:`spark_jobs.driver_java`) it is an ahead-of-time cache instead
-(``.aot``; ``-XX:AOTCacheOutput`` at the recorder's exit, ``-XX:AOTCache`` after): the classes
-loaded and linked, not only parsed. Its recorder analyses the bundled capture
-(:data:`_WARM_UP_CAPTURE`) rather than an empty dataset, so the tasks' classes are in it too.
+The recorder analyses the bundled capture (:data:`_WARM_UP_CAPTURE`) rather than an empty
+dataset, so the classes the tasks load are in the archive too. The archive is made by the JDK
+the driver runs on (:mod:`spark_jobs.driver_java`), and only fits that one. On JDK 25, an
+ahead-of-time cache (JEP 483/514: classes loaded and linked too) was tried in its place and
+left: ``kwire analyze`` on the demo 3% slower than with this archive (``farm-bench -n 5``),
+and a cold ``kwire sql`` 4% slower still.
 
 The archive (~170-200 MB) lives in the clone's git-ignored ``.cache/spark-cds/``
 (``$KWIRE_SPARK_CDS_DIR`` elsewhere); ``KWIRE_SPARK_CDS=0`` turns this off.
@@ -41,7 +43,7 @@ import zipfile
 from pathlib import Path
 
 from kwire.runtime import cache_dir
-from spark_jobs.driver_java import driver_java, java_major
+from spark_jobs.driver_java import driver_java
 
 __all__ = ["archive_classpath", "archive_dir", "archive_options", "note_driver_pid", "pid_alive", "record"]
 
@@ -57,12 +59,6 @@ def archive_dir() -> Path:
 
 def _java() -> str:
     return str(driver_java())
-
-
-def _ahead_of_time() -> bool:
-    """Whether the driver's JDK makes an ahead-of-time cache (JDK 25+: classes loaded and
-    linked, and the methods' profiles) rather than a class-data archive."""
-    return java_major(driver_java()) >= 25
 
 
 #: Bumped when what a driver's class path holds changes for the same jars (2: unsigned copies).
@@ -164,11 +160,10 @@ def _settle(folder: Path, final: Path) -> bool:
 
 
 def _archive_path() -> Path:
-    return archive_dir() / f"{_key()}.{'aot' if _ahead_of_time() else 'jsa'}"
+    return archive_dir() / f"{_key()}.jsa"
 
 
 _QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"  # the JVM prints what it skips on stdout
-_QUIET_AOT = "-Xlog:aot=off -Xlog:cds=off"
 _RECORDING_ENV = "KWIRE_SPARK_CDS_RECORDING"  # set in the recorder: its own session records
 
 
@@ -185,17 +180,12 @@ def archive_options(*, start_recorder: bool = True) -> tuple[str, Path | None]:
         busy = _settle(final.parent, final)
     except OSError:
         return "", None
-    aot = final.suffix == ".aot"
     if final.is_file():
-        return (
-            f"-XX:AOTCache={final} {_QUIET_AOT}" if aot else f"-XX:SharedArchiveFile={final} {_QUIET}"
-        ), None
+        return f"-XX:SharedArchiveFile={final} {_QUIET}", None
     if busy:
         return "", None
     if os.environ.get(_RECORDING_ENV) == "1":  # the recorder's own session
         recording = final.parent / f"{final.stem}.{os.getpid()}.recording"
-        if aot:  # at its exit the JVM starts another that writes the cache, and waits for it
-            return f"-XX:AOTCacheOutput={recording} {_QUIET_AOT}", recording
         return f"-XX:ArchiveClassesAtExit={recording} {_QUIET}", recording
     if start_recorder:
         _start_recorder(final.parent)
@@ -235,9 +225,7 @@ def _start_recorder(folder: Path) -> None:
 
 
 #: The bundled capture the recorder's session analyses (``scripts/demo``'s): with rows, the
-#: analysis runs its tasks too, and a JDK 25 cache keeps what they load and link and the
-#: methods' profiles. ``kwire analyze`` on the demo: 10.8-11.3 s with a cache made over an empty
-#: dataset, 10.4-10.7 s with one made over this capture (JDK 17's archive: 11.4-11.9 s).
+#: analysis runs its tasks too, and the archive keeps the classes they load.
 _WARM_UP_CAPTURE = _REPO / "captures" / "tansu-mixed.pcap"
 
 

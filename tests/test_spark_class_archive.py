@@ -24,7 +24,6 @@ def archive_env(tmp_path, monkeypatch):
     monkeypatch.delenv("KWIRE_SPARK_CDS", raising=False)
     monkeypatch.delenv("KWIRE_SPARK_CDS_RECORDING", raising=False)
     monkeypatch.setattr(class_archive, "_key", lambda: "driver-test")
-    monkeypatch.setattr(class_archive, "_ahead_of_time", lambda: False)  # a JDK before 25
     started: list[list[str]] = []
 
     def popen(args, **kwargs):
@@ -68,24 +67,6 @@ def test_the_recorder_session_records(archive_env, monkeypatch):
     assert recording == folder / f"driver-test.{os.getpid()}.recording"
     assert f"-XX:ArchiveClassesAtExit={recording}" in options
     assert started == []
-
-
-def test_a_jdk_25_driver_maps_and_records_an_ahead_of_time_cache(archive_env, monkeypatch):
-    """JDK 25 keeps classes loaded and linked (and the methods' profiles) in an AOT cache; its
-    recorder writes one at exit (``-XX:AOTCacheOutput``), named apart from a JDK 17 archive."""
-    folder, started = archive_env
-    monkeypatch.setattr(class_archive, "_ahead_of_time", lambda: True)
-    monkeypatch.setenv("KWIRE_SPARK_CDS_RECORDING", "1")
-    options, recording = class_archive.archive_options()
-    assert recording == folder / f"driver-test.{os.getpid()}.recording"
-    assert f"-XX:AOTCacheOutput={recording}" in options and "ArchiveClassesAtExit" not in options
-    recording.write_bytes(b"cache")
-    recording.with_suffix(".pid").write_text("999999999")  # its JVM has exited: the next run settles it
-    monkeypatch.delenv("KWIRE_SPARK_CDS_RECORDING")
-    options, recording = class_archive.archive_options()
-    assert (folder / "driver-test.aot").read_bytes() == b"cache"
-    assert f"-XX:AOTCache={folder / 'driver-test.aot'}" in options and "SharedArchiveFile" not in options
-    assert recording is None and started == []
 
 
 def test_the_recorder_analyses_the_bundled_capture(tmp_path):

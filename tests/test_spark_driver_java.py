@@ -4,6 +4,8 @@ the user chose (``$KWIRE_JAVA_HOME``, ``$JAVA_HOME``); only for the driver's lau
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -71,8 +73,15 @@ def test_the_running_driver_is_the_chosen_jdk(spark):  # noqa: F811
     assert int(system.getProperty("java.version").split(".")[0]) == driver_java.java_major(
         driver_java.driver_java()
     )
-    # The JVM says "sharing" when it mapped a class archive or AOT cache: one given to this JVM
-    # (recorded for its JDK and class path) must fit it; a misfit is silent and only costs speed.
+    # The class archive given to this JVM (recorded by its JDK for its class path) must be the one
+    # it mapped: a misfit is silent, and only costs speed. jcmd lists the mapped files.
     options = spark.sparkContext.getConf().get("spark.driver.extraJavaOptions", "")
-    if "-XX:AOTCache=" in options or "-XX:SharedArchiveFile=" in options:
-        assert "sharing" in system.getProperty("java.vm.info")
+    archive = re.search(r"-XX:SharedArchiveFile=(\S+)", options)
+    jcmd = driver_java.driver_java().parent / "jcmd"
+    if archive is None or not jcmd.is_file():
+        pytest.skip("no class archive given to this session, or no jcmd beside its java")
+    pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    info = subprocess.run([str(jcmd), str(pid), "VM.info"], capture_output=True, text=True, timeout=120)
+    assert info.returncode == 0, info.stderr
+    assert "CDS archive(s) mapped at" in info.stdout
+    assert archive.group(1) in info.stdout  # the archive's file among the JVM's mappings
