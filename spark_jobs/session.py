@@ -242,8 +242,8 @@ def build_session(
         # DataFrames an analysis; a failing job still names its Spark error and Python traceback.
         "spark.python.sql.dataFrameDebugging.enabled": "false",
     }
-    launches_jvm = not under_submit and is_local_master(master)
-    if launches_jvm:
+    local_driver = not under_submit and is_local_master(master)  # its JVM, started here, is ours to set
+    if local_driver:
         cores = os.cpu_count() or 2
         if master and master.startswith("local[") and master[6:-1].isdigit():
             cores = int(master[6:-1])
@@ -283,7 +283,7 @@ def build_session(
         builder = builder.config(key, value)
     numpy_probe.install()  # no pandas import behind py4j's first call
     with contextlib.ExitStack() as launch:
-        if launches_jvm:  # this call starts the driver JVM: its JDK, its standard error
+        if local_driver:  # this call starts that JVM: its JDK, its standard error
             launch.enter_context(launch_env())
             launch.enter_context(launching())
         spark = builder.getOrCreate()
