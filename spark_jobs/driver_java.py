@@ -3,7 +3,7 @@
 JDK 25 runs kwire's analysis faster than JDK 17, each with its class-data archive
 (:mod:`spark_jobs.class_archive`), on this 2-core machine (``farm-bench``, alternating): ``kwire
 analyze`` on the demo capture 0.934 of JDK 17's wall time (11.49 s against 12.63 s median, 5
-pairs), 1M synthetic exchanges 71.3-72.6 s against 75.2-76.3 s (2 pairs, analysis only). A cold
+pairs), 1M synthetic exchanges 72.4-73.9 s against 77.4-80.9 s (2 pairs, analysis only). A cold
 ``kwire sql`` of one GROUP BY starts a little slower: 1.04 (3.00 s against 2.89 s, 8 pairs).
 
 The choice, first match wins:
