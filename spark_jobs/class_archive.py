@@ -57,10 +57,6 @@ def archive_dir() -> Path:
     return cache_dir("spark-cds")
 
 
-def _java() -> str:
-    return str(driver_java())
-
-
 #: Bumped when what a driver's class path holds changes for the same jars (2: unsigned copies).
 _LAYOUT = 2
 
@@ -77,7 +73,7 @@ def _key() -> str:
 
     jars = _pyspark_jars()
     listing = sorted((p.name, p.stat().st_size) for p in jars.glob("*.jar")) if jars.is_dir() else []
-    digest = hashlib.sha256(repr((_java(), str(jars), listing, _LAYOUT)).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(repr((str(driver_java()), str(jars), listing, _LAYOUT)).encode()).hexdigest()[:16]
     return f"driver-{pyspark.__version__}-{digest}"
 
 

@@ -253,16 +253,15 @@ def build_session(
         conf["spark.ui.enabled"] = "true" if ui else "false"
         if small_data(data_bytes):
             jit_gc = _SMALL_JVM_OPTIONS
+            conf.update(small_data_sql_conf(data_bytes))
+            conf.update(_SMALL_CORE_CONF)
+            if shuffle_partitions:
+                conf["spark.sql.shuffle.partitions"] = str(shuffle_partitions)
         elif data_bytes is not None and data_bytes <= FIRST_TIER_DATA_BYTES:
             jit_gc = f"-XX:+UseParallelGC {_FIRST_TIER_JVM_OPTIONS}"
         else:  # the parallel (throughput) collector: a batch run wants the least GC CPU, not short pauses
             jit_gc = "-XX:+UseParallelGC"
         conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={_LOG4J.as_uri()} {jit_gc}"
-        if small_data(data_bytes):
-            conf.update(small_data_sql_conf(data_bytes))
-            conf.update(_SMALL_CORE_CONF)
-            if shuffle_partitions:
-                conf["spark.sql.shuffle.partitions"] = str(shuffle_partitions)
         archive, recording = archive_options()  # this JVM's classes, loaded once for all runs
         if archive:
             conf["spark.driver.extraJavaOptions"] += f" {archive}"
