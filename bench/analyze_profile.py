@@ -1,6 +1,7 @@
 """Where a Spark analysis spends its time, from Spark's own event log.
 
     python bench/analyze_profile.py [DATASET] [--master local[2]] [--parallel 1] [--only a,b]
+                                    [--rules] [--sites N] [--plans] [--conf K=V] [--jvm-options OPTS]
 
 Runs the full analysis in this process (as ``kwire analyze`` does) with Spark's event log on and
 each kwire job's actions labelled, then prints per kwire job: the wall time of its writes, the
@@ -8,6 +9,10 @@ DataFrames it made (``frames``), the Spark jobs they ran, the wall time those Sp
 running, and the task time inside them (executor run time, summed over tasks). Wall time outside any Spark job is the driver's: query
 analysis, optimisation and physical planning, and committing the output files. Also prints the
 session start and the driver JVM's CPU time. Without a DATASET, decodes the demo capture.
+
+``--sites N`` adds the driver time per line of ``spark_jobs/`` that called into a DataFrame;
+``--plans`` the calls' time by the size of the plan each analysed (a new DataFrame) or ran (an
+action): a new DataFrame's analysis costs a fixed few milliseconds and more as its plan grows.
 """
 
 from __future__ import annotations
@@ -96,17 +101,29 @@ def _jvm_cpu_s(spark) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+#: The DataFrame methods that run a Spark job (the rest build a new DataFrame, analysing its plan).
+_ACTIONS = frozenset({"localCheckpoint", "toArrow", "collect", "count"})
+#: Upper bounds of the plan sizes (lines of the analysed plan) ``--plans`` groups calls by.
+_PLAN_LINES = (10, 25, 50, 100, 200)
+
+
 class CallSites:
     """Wall time of every call into a DataFrame or GroupedData method (the driver's work: analysis
     of the new plan, or an action), summed per line of ``spark_jobs/`` that made it. Only the
-    outermost call of a thread counts (DataFrame methods call one another)."""
+    outermost call of a thread counts (DataFrame methods call one another). ``plans``: also sum
+    the calls by the size of the plan they analysed (a method's result) or ran (an action's
+    DataFrame), measured outside the timed call."""
 
-    def __init__(self) -> None:
+    def __init__(self, plans: bool = False) -> None:
         from pyspark.sql.classic.dataframe import DataFrame
         from pyspark.sql.group import GroupedData
 
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
+        self.plans = plans
+        #: (builds or runs, plan-size bucket) -> [calls, seconds]
+        self.by_size: dict[tuple[str, int], list[float]] = defaultdict(lambda: [0, 0.0])
+        self._dataframe = DataFrame
         self._depth = threading.local()
         for cls in (DataFrame, GroupedData):
             for name, value in list(vars(cls).items()):
@@ -122,15 +139,29 @@ class CallSites:
                 return method(*args, **kwargs)
             sites._depth.n = 1
             start = time.perf_counter()
+            result = None
             try:
-                return method(*args, **kwargs)
+                result = method(*args, **kwargs)
+                return result
             finally:
-                sites._depth.n = 0
+                seconds = time.perf_counter() - start
                 site = sites._site(name)
-                sites.seconds[site] += time.perf_counter() - start
+                sites.seconds[site] += seconds
                 sites.calls[site] += 1
+                if sites.plans:
+                    sites._by_size(name, args[0] if name in _ACTIONS else result, seconds)
+                sites._depth.n = 0
 
         return timed
+
+    def _by_size(self, name: str, df, seconds: float) -> None:
+        if not isinstance(df, self._dataframe):
+            return
+        lines = df._jdf.queryExecution().analyzed().treeString().count("\n")
+        bucket = next((i for i, bound in enumerate(_PLAN_LINES) if lines < bound), len(_PLAN_LINES))
+        row = self.by_size["runs" if name in _ACTIONS else "builds", bucket]
+        row[0] += 1
+        row[1] += seconds
 
     @staticmethod
     def _site(name: str) -> str:
@@ -144,6 +175,14 @@ class CallSites:
         if caller is not None and "/spark_jobs/" in caller.f_code.co_filename:
             site += f" < {Path(caller.f_code.co_filename).stem}:{caller.f_lineno} {caller.f_code.co_name}"
         return site
+
+    def print_plans(self) -> None:
+        print("  DataFrame calls by the size of their plan (lines of the analysed plan):")
+        print(f"    {'':8s} {'lines':>9s} {'calls':>6s} {'seconds':>8s} {'ms a call':>9s}")
+        bounds = ["0", *[str(b) for b in _PLAN_LINES]]
+        for (kind, bucket), (calls, seconds) in sorted(self.by_size.items()):
+            upto = f"<{_PLAN_LINES[bucket]}" if bucket < len(_PLAN_LINES) else f">={bounds[-1]}"
+            print(f"    {kind:8s} {upto:>9s} {calls:6.0f} {seconds:8.2f} {1000 * seconds / calls:9.1f}")
 
     def print(self, n: int) -> None:
         total = sum(self.seconds.values())
@@ -168,6 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rules", action="store_true", help="print the time Catalyst spent per rule")
     parser.add_argument("--conf", action="append", default=[], help="KEY=VALUE: one more Spark setting")
     parser.add_argument("--jvm-options", default=None, help="instead of the small-data JIT/GC options")
+    parser.add_argument(
+        "--plans",
+        action="store_true",
+        help="print the DataFrame calls' time by the size of the plan they analysed or ran "
+        "(best with --parallel 1: two jobs at once share the driver's CPU)",
+    )
     parser.add_argument(
         "--sites",
         type=int,
@@ -228,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             frames[",".join(names)] = made[threading.get_ident()] - made0
 
     submit.run_jobs = timed_run_jobs
-    sites = CallSites() if args.sites else None
+    sites = CallSites(plans=args.plans) if args.sites or args.plans else None
 
     t0 = time.perf_counter()
     spark = build_session(
@@ -282,8 +327,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  in Spark jobs {total_jobs:.1f}s of {analyse_s:.1f}s (the rest: planning, commits, findings)")
     if args.rules:
         print(rules)
-    if sites is not None:
+    if sites is not None and args.sites:
         sites.print(args.sites)
+    if sites is not None and args.plans:
+        sites.print_plans()
     print("  writes (wall s, per result):")
     for name, secs in sorted(timings.items(), key=lambda kv: -kv[1]):
         print(f"    {name:30s} {secs:6.2f}")

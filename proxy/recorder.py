@@ -81,6 +81,8 @@ _CONVERT_ROWS = 64
 #: How often rows made are handed to the writer thread (which converts them once it has
 #: ``_BATCH_ROWS``), between rolls.
 _HANDOFF_SECONDS = 0.5
+#: How often ``next_due`` asks to look again while the writer thread writes.
+_WRITE_POLL_SECONDS = 0.1
 _BATCH_ROWS = 4096
 #: Rows of a Parquet row group (a roll writes what is left as a shorter one).
 _ROW_GROUP_ROWS = 65536
@@ -598,6 +600,24 @@ class Recorder:
     @property
     def queued_items(self) -> int:
         return len(self._queue)
+
+    def next_due(self) -> float | None:
+        """Seconds until this recorder wants a turn though nothing new comes in: its rows handed to
+        the writer, a roll, a finished write collected (None: not until something comes). A caller
+        that drives it (``proxy.recorder_worker``) sleeps that long when idle, not a fixed tick."""
+        if self._queue:
+            return 0.0
+        if self.writer is None:
+            return None
+        if self._writing is not None:
+            return 0.0 if self._writing.done() else _WRITE_POLL_SECONDS
+        now = time.monotonic()
+        due = []
+        if self._rows or self._conn_rows:
+            due.append(self._last_handoff + _HANDOFF_SECONDS - now)
+        if self._rows or self._conn_rows or self._unrolled:
+            due.append(self._last_flush + self.flush_seconds - now)
+        return max(0.0, min(due)) if due else None
 
     def pause_if_due(self) -> None:
         """Step aside as ``_process`` does every ``pause_every`` seconds, between other work: the
