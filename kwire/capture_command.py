@@ -25,13 +25,13 @@ SIGTERM or Ctrl-C: the last rows are written and the files renamed before it exi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -67,7 +67,10 @@ class Sidecar:
         self._requests: dict[int, RequestCounter] = {}  # reassembler id -> its request counter
         self._issued: dict[str, int] = {}
         self._last_ts = 0
-        self._thread = threading.Thread(target=self._run, name="kwire-capture", daemon=True)
+        self.ended = threading.Event()  # the reading thread has ended, however it ended
+        #: called on the reading thread as it ends (``_serve`` wakes on it rather than polling)
+        self.on_exit: Callable[[], None] | None = None
+        self._thread = threading.Thread(target=self._reading, name="kwire-capture", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -97,6 +100,14 @@ class Sidecar:
             self._event(event)
 
     # ---- the reading thread -------------------------------------------------------------
+
+    def _reading(self) -> None:
+        try:
+            self._run()
+        finally:
+            self.ended.set()
+            if self.on_exit is not None:
+                self.on_exit()
 
     def _run(self) -> None:
         from decoder.pcap import CaptureError, iter_stream_segments
@@ -234,16 +245,14 @@ async def _serve(
         except OSError as exc:
             reason = os.strerror(exc.errno) if exc.errno else str(exc)
             raise OSError(f"cannot serve metrics on {metrics_host}:{metrics_port}: {reason}") from exc
+    sidecar.on_exit = lambda: loop.call_soon_threadsafe(done.set)
     sidecar.start()
     port = server.sockets[0].getsockname()[1] if server is not None else None
     extra = f", metrics on {metrics_host}:{port}" if port is not None else ""
     print(f"kwire capture: recording {sidecar.interface}{extra}", file=sys.stderr, flush=True)
-    while not done.is_set():
-        if not sidecar._thread.is_alive() and not sidecar.stopping.is_set():
-            code = 2  # the capture program cannot be started at all
-            break
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(done.wait(), timeout=0.5)
+    await done.wait()  # a signal, or the reading thread ended
+    if sidecar.ended.is_set() and not sidecar.stopping.is_set():
+        code = 2  # the capture program cannot be started at all
     await loop.run_in_executor(None, sidecar.stop)
     await recorder.stop()
     if server is not None:

@@ -83,6 +83,9 @@ _CONVERT_ROWS = 64
 _HANDOFF_SECONDS = 0.5
 #: How often ``next_due`` asks to look again while the writer thread writes.
 _WRITE_POLL_SECONDS = 0.1
+#: The longest the in-process recorder task sleeps with nothing queued or due (it then hands
+#: freed memory back if the load has ebbed, and looks at RSS).
+_IDLE_WAKE_SECONDS = 1.0
 _BATCH_ROWS = 4096
 #: Rows of a Parquet row group (a roll writes what is left as a shorter one).
 _ROW_GROUP_ROWS = 65536
@@ -321,8 +324,10 @@ class Recorder:
         while not self._stopping:
             if not self._queue:
                 self._wake.clear()
+                due = self.next_due()
+                wait = _IDLE_WAKE_SECONDS if due is None else min(due, _IDLE_WAKE_SECONDS)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=0.5)
+                    await asyncio.wait_for(self._wake.wait(), timeout=wait)
                 if not self._queue and self.budget.used < self.budget.limit // 8:
                     release_free_memory()  # the load has ebbed: let RSS come down
             now = time.monotonic()
@@ -330,6 +335,8 @@ class Recorder:
                 self._rss_check = now + 0.5
                 if self.budget.rss_over():
                     release_free_memory(0.5)
+            if not self._queue and self.next_due() != 0.0:
+                continue  # woken by the clock with nothing to decode, hand over or roll yet
             # let a burst of forwarding work go first, then take a slice
             await asyncio.sleep(0.002)
             with self._decode_lock:
