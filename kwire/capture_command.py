@@ -17,7 +17,10 @@ hunts for the first frame boundary, as after a lost packet.
 
 When the capture program stops (the interface went away, it was killed), the sidecar starts it
 again after a pause that grows to 5 s (back to 0.5 s once one ran 30 s); connections carry on
-(their missing bytes become gaps). tcpdump keeps running while an interface is merely down (no
+(their missing bytes become gaps). A program that cannot start the first time (no such interface,
+a filter it cannot compile, no permission) is an error: one line and exit 2, unless
+``--wait-for-interface`` asks to keep trying as after a stop (a sidecar started before its
+interface exists). tcpdump keeps running while an interface is merely down (no
 packets come); it exits when the interface is removed, and then cannot start until it is back.
 SIGTERM or Ctrl-C: the last rows are written and the files renamed before it exits (0; 130 for Ctrl-C).
 """
@@ -48,11 +51,21 @@ class Sidecar:
     """Capture program -> TCP reassembly -> ``Recorder``; the reading runs on a thread of its own."""
 
     def __init__(
-        self, interface: str, capture_filter: str | None, ports: list[int], recorder: Any, metrics: Any
+        self,
+        interface: str,
+        capture_filter: str | None,
+        ports: list[int],
+        recorder: Any,
+        metrics: Any,
+        *,
+        wait_for_interface: bool = False,
     ) -> None:
         from decoder.tcp import TcpReassembler
 
         self.interface = interface
+        #: keep trying when the first capture program cannot start (else: the command fails)
+        self.wait_for_interface = wait_for_interface
+        self.started_once = False  # a capture program has written its stream's header
         self.capture_filter = capture_filter
         self.ports = set(ports)
         self.recorder = recorder
@@ -110,7 +123,7 @@ class Sidecar:
                 self.on_exit()
 
     def _run(self) -> None:
-        from decoder.pcap import CaptureError, iter_stream_segments
+        from decoder.pcap import CaptureError, CaptureStats, iter_stream_segments
         from kwire.live import CaptureProgram, CaptureProgramError
 
         pause = 0.5
@@ -123,8 +136,9 @@ class Sidecar:
                 log.error("%s", exc)
                 return
             feed, event = self.reassembler.feeder(), self._event
+            stats = CaptureStats()  # its ``files`` becomes 1 once the stream's header is read
             try:
-                for segment in iter_stream_segments(self.program.stdout, self.interface):
+                for segment in iter_stream_segments(self.program.stdout, self.interface, stats):
                     self.packets += 1
                     if segment.ts_ns > self._last_ts:
                         self._last_ts = segment.ts_ns
@@ -139,6 +153,13 @@ class Sidecar:
                 break
             why = self.program.failure(timeout=1.0)
             self.program.stop()
+            self.started_once = self.started_once or stats.files > 0
+            if not self.started_once and not self.wait_for_interface:
+                # it never captured: a bad interface, filter or permission
+                self.error = f"cannot capture on {self.interface}: {why}"
+                if not _interface_exists(self.interface):
+                    self.error += " (--wait-for-interface waits for it)"
+                return
             if time.monotonic() - started > 30:
                 pause = 0.5  # it ran a good while: this is a new failure, not the same one again
             self.restarts += 1
@@ -214,6 +235,20 @@ class Sidecar:
                 self.metrics.add("connections_open", -1)
 
 
+def _interface_exists(name: str) -> bool:
+    """Whether ``name`` is a network interface here (or one of the capture program's own names:
+    ``any``, an index)."""
+    import socket
+
+    if name == "any" or name.isdigit():
+        return True
+    try:
+        socket.if_nametoindex(name)
+    except OSError:
+        return False
+    return True
+
+
 async def _serve(
     sidecar: Sidecar,
     recorder: Any,
@@ -252,7 +287,7 @@ async def _serve(
     print(f"kwire capture: recording {sidecar.interface}{extra}", file=sys.stderr, flush=True)
     await done.wait()  # a signal, or the reading thread ended
     if sidecar.ended.is_set() and not sidecar.stopping.is_set():
-        code = 2  # the capture program cannot be started at all
+        code = 2  # the capture program cannot be started (at all, or the first time)
     await loop.run_in_executor(None, sidecar.stop)
     await recorder.stop()
     if server is not None:
@@ -293,6 +328,13 @@ def capture(
             "or set KWIRE_METRICS_TOKEN"
         ),
     ] = None,
+    wait_for_interface: Annotated[
+        bool,
+        typer.Option(
+            help="when the capture cannot start (e.g. no such interface yet), keep trying "
+            "(pauses up to 5 s) instead of exiting with its error"
+        ),
+    ] = False,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error")] = "info",
 ) -> None:
     """Passive sidecar: record the Kafka traffic on an interface into rolling Parquet files, as the
@@ -343,7 +385,7 @@ def capture(
         max_queue_bytes=max_queue_mb << 20,
         feed_delay_seconds=RING_DELAY_S,
     )
-    sidecar = Sidecar(interface, bpf, ports, recorder, metrics)
+    sidecar = Sidecar(interface, bpf, ports, recorder, metrics, wait_for_interface=wait_for_interface)
     try:
         code = asyncio.run(_serve(sidecar, recorder, metrics, metrics_host, metrics_port, token))
     except OSError as exc:

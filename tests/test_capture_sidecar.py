@@ -202,7 +202,7 @@ except urllib.error.HTTPError as e:
 except OSError as e:
     print(0); print(e)
 """
-NETNS_BROKER, NETNS_ADMIN, NETNS_ADMIN_AWAY = 41650, 41651, 41652
+NETNS_BROKER, NETNS_ADMIN, NETNS_ADMIN_AWAY, NETNS_ADMIN_WAIT = 41650, 41651, 41652, 41653
 
 
 def _requests_by_client(page: str) -> dict[str, int]:
@@ -219,7 +219,8 @@ def test_capture_counts_requests_and_survives_its_interface_going_down_and_away(
     with a real client before and after ``lo`` goes down and up (tcpdump keeps running through it;
     the requests are counted as the proxy counts them: one per row), and a second sidecar on a veth
     that is deleted and made again (tcpdump exits; the sidecar starts it again, with bounded pauses,
-    once the interface is back: /ready says which)."""
+    once the interface is back: /ready says which); a third, ``--wait-for-interface``, started on a
+    veth that does not exist yet, waits for it."""
     import shutil
 
     from realkafka import BrokerStartError, tansu_binary, tcpdump_available
@@ -259,10 +260,12 @@ def test_capture_counts_requests_and_survives_its_interface_going_down_and_away(
         started.append(proc)
         return proc
 
-    def sidecar(interface: str, out: str, port: int, admin: int, log: str) -> subprocess.Popen[bytes]:
+    def sidecar(
+        interface: str, out: str, port: int, admin: int, log: str, *more: str
+    ) -> subprocess.Popen[bytes]:
         return start(
             sys.executable, "-m", "kwire", "capture", "-i", interface, "-o", str(tmp_path / out),
-            "--port", str(port), "--flush-seconds", "1", "--metrics-port", str(admin), log=log,
+            "--port", str(port), "--flush-seconds", "1", "--metrics-port", str(admin), *more, log=log,
         )  # fmt: skip
 
     def log(name: str) -> str:
@@ -279,6 +282,7 @@ def test_capture_counts_requests_and_survives_its_interface_going_down_and_away(
               "--storage-engine", "memory://tansu/", log="tansu.log")  # fmt: skip
         on_lo = sidecar("lo", "lo.kwire", NETNS_BROKER, NETNS_ADMIN, "lo.log")
         away = sidecar("kwv0", "away.kwire", 9092, NETNS_ADMIN_AWAY, "away.log")
+        waiting = sidecar("kwv2", "wait.kwire", 9092, NETNS_ADMIN_WAIT, "wait.log", "--wait-for-interface")
         assert _wait_for(lambda: "kwire capture: recording lo" in log("lo.log"), 20), log("lo.log")
         assert _wait_for(lambda: get(NETNS_ADMIN, "/ready")[0] == 200, 20)
         assert _wait_for(lambda: get(NETNS_ADMIN_AWAY, "/ready")[0] == 200, 20)
@@ -320,7 +324,14 @@ def test_capture_counts_requests_and_survives_its_interface_going_down_and_away(
             lambda: (lambda r: r if r[0] == 200 else None)(get(NETNS_ADMIN_AWAY, "/ready")), 20
         )
         assert status == 200 and "capturing on kwv0" in body
-        for proc in (on_lo, away):
+
+        # the interface that did not exist when its sidecar started: it kept trying, and now captures
+        assert waiting.poll() is None, log("wait.log")
+        assert "capture on kwv2 stopped" in log("wait.log") and get(NETNS_ADMIN_WAIT, "/ready")[0] == 503
+        inside("ip", "link", "add", "kwv2", "type", "veth", "peer", "name", "kwv3")
+        inside("ip", "link", "set", "kwv2", "up")
+        assert _wait_for(lambda: get(NETNS_ADMIN_WAIT, "/ready")[0] == 200, 20), log("wait.log")
+        for proc in (on_lo, away, waiting):
             _stopped_cleanly(proc)
     finally:
         for proc in started:
@@ -333,6 +344,38 @@ def test_capture_counts_requests_and_survives_its_interface_going_down_and_away(
                 os.kill(int(pid), signal.SIGKILL)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
     assert not list((tmp_path / "lo.kwire").rglob("*.tmp"))
+
+
+@pytest.mark.parametrize(
+    ("what", "args", "reason", "hint"),
+    [
+        ("no such interface", ["-i", "kwnosuch0"], "kwnosuch0", True),
+        ("a filter tcpdump cannot compile", ["-i", "lo", "-f", "tcp port"], "filter", False),
+    ],
+)
+def test_capture_that_cannot_start_says_why_in_one_line_and_exits_2(
+    tmp_path: Path, what: str, args: list[str], reason: str, hint: bool
+) -> None:
+    """A capture program that fails on its first start will not get better by itself: the sidecar
+    says why in one line and exits 2 (it used to retry forever, one warning every 5 s). Only a
+    missing interface gets the hint of ``--wait-for-interface``."""
+    from realkafka import tcpdump_available
+
+    why = tcpdump_available()
+    if why:
+        pytest.skip(why)
+    done = subprocess.run(
+        [sys.executable, "-m", "kwire", "capture", *args, "-o", str(tmp_path / "out.kwire")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, (what, done.stderr[-2000:])
+    last = lines[-1]
+    assert last.startswith("kwire capture: cannot capture on ") and reason in last, (what, lines)
+    assert ("--wait-for-interface" in last) == hint, (what, last)
+    assert not any("WARNING" in line or "Traceback" in line for line in lines), lines
 
 
 def test_capture_keeps_a_burst_sent_while_tcpdump_is_stopped_and_stopped_right_after(tmp_path: Path) -> None:
