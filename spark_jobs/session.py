@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from spark_jobs import numpy_probe, py4j_cache
+from spark_jobs import driver_launch, numpy_probe, py4j_cache
 from spark_jobs.class_archive import archive_classpath, archive_options, note_driver_pid
 from spark_jobs.driver_java import launch_env
 from spark_jobs.jvm_stderr import launching
@@ -284,7 +284,8 @@ def build_session(
     with contextlib.ExitStack() as launch:
         if local_driver:  # this call starts that JVM: its JDK, its standard error
             launch.enter_context(launch_env())
-            launch.enter_context(launching())
+            launch.enter_context(driver_launch.launching())  # its java command, no scripts
+            launch.enter_context(launching())  # (this one wraps it: the JVM's standard error)
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     py4j_cache.install()  # two of every three calls into the JVM while the jobs build
