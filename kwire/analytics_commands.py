@@ -7,9 +7,11 @@ target release would not accept (a CI gate), 0 when none.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -93,6 +95,19 @@ def _rich_table(
 
 
 _LOCAL_HELP = "start a local Spark session even when `kwire sql DATASET --serve` serves the dataset"
+
+
+@contextlib.contextmanager
+def _spark_errors() -> Iterator[None]:
+    """Spark failing on the data (a damaged Parquet file, a task that fails) as one line and
+    exit 1, not a Python and a Java stack trace; kwire's own errors keep their traceback."""
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
+
+    try:
+        yield
+    except (Py4JError, PySparkException) as exc:
+        raise _fail(f"Spark failed: {error_line(exc)}", 1) from None
 
 
 def _session(dataset: Path, master: str | None, local: bool, app: str, sized: bool = True):
@@ -199,7 +214,7 @@ def analyze(
     start = time.perf_counter()
     spark, where = _session(dataset, master, local, "kwire-analyze")
     try:
-        with console.status("running Spark jobs" + (f" on {where}..." if where else "...")):
+        with console.status("running Spark jobs" + (f" on {where}..." if where else "...")), _spark_errors():
             analyse(
                 spark,
                 dataset,
@@ -283,11 +298,12 @@ def audit(
 
     spark, where = _session(dataset, master, local, "kwire-audit", sized=False)
     try:
-        tables = load_tables(spark, dataset)
-        rows = [
-            r.asDict()
-            for r in audit_release(tables.exchanges, release_table(spark, versions, [release])).collect()
-        ]
+        with _spark_errors():
+            tables = load_tables(spark, dataset)
+            rows = [
+                r.asDict()
+                for r in audit_release(tables.exchanges, release_table(spark, versions, [release])).collect()
+            ]
     finally:
         if where:
             spark.stop()

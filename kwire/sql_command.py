@@ -69,14 +69,37 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 
 
 def error_line(exc: BaseException) -> str:
-    """One line for a failed query: Spark's error class and message, never a Java stack trace."""
+    """One line for a failed query: Spark's error class and message, never a Java stack trace;
+    with the first cause's message when Spark's says less (a file that is not Parquet: which
+    file is Spark's, what is wrong with it the cause's)."""
     java = getattr(exc, "java_exception", None)  # py4j's Py4JJavaError: the Java exception's message
     text = str(java.getMessage() if java is not None else exc).strip()
     if not text:
         return type(exc).__name__
-    line = text.splitlines()[0].strip()
+    line = _first_line(text)
+    root = _root_cause(java) if java is not None else None
+    if root and root not in line:
+        line = f"{line}: {root}"
     # Spark Connect wraps the message: "(org.apache.spark.sql.AnalysisException) [CLASS] text"
     return re.sub(r"^\([\w.$]+\)\s*", "", line)
+
+
+def _first_line(text: str) -> str:
+    # Spark's error classes end their first line with "SQLSTATE: <code>", which says nothing here
+    return re.sub(r"\s*SQLSTATE: \w+\s*$", "", text.strip().splitlines()[0].strip())
+
+
+def _root_cause(java: Any, depth: int = 10) -> str | None:
+    """The first line of the deepest cause's message of a Java exception (py4j), if it has one."""
+    found = None
+    with contextlib.suppress(Exception):  # a JVM gone or a py4j error: no cause to add
+        cause = java.getCause()
+        while cause is not None and depth > 0:
+            message = cause.getMessage()
+            if message:
+                found = _first_line(str(message))
+            cause, depth = cause.getCause(), depth - 1
+    return found
 
 
 # --- views and tables -------------------------------------------------------------------------

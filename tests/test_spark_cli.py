@@ -89,6 +89,25 @@ def test_audit_bad_input_exits_2_with_one_line(tmp_path, old_clients):
     assert "unknown Kafka release '5.7'" in unknown.output and "3.9-kraft" in unknown.output
 
 
+def test_a_damaged_parquet_file_is_one_line_naming_it_and_exit_1(spark, old_clients):  # noqa: F811
+    """Spark failing on the data (here a file that is no longer Parquet) is one line, with what
+    is wrong with which file, never a Python or a Java stack trace (it was both, 200 lines)."""
+    (victim,) = (old_clients / "exchanges").rglob("*.parquet")
+    victim.write_bytes(b"no longer Parquet " * 64)
+    for args in (
+        ["analyze", str(old_clients), "-o", str(old_clients / "report"), "--local"],
+        ["audit", str(old_clients), "--broker-version", "4.0", "--local"],
+        ["sql", str(old_clients), "SELECT count(*) FROM exchanges"],
+    ):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 1, (args[0], result.output[-3000:])
+        lines = result.output.strip().splitlines()
+        assert "Traceback" not in result.output and not any(line.startswith("\tat ") for line in lines)
+        error = [line for line in lines if line.startswith("error:")]
+        assert len(error) == 1, (args[0], lines[-20:])
+        assert victim.name in error[0] and "is not a Parquet file" in error[0], error
+
+
 def test_analyze_writes_results_and_report_then_sql_reads_them(spark, tmp_path):  # noqa: F811
     shared = {
         "client_id": "go-app",
