@@ -23,7 +23,9 @@ _COLORS = {"critical": "red", "warning": "yellow", "info": "cyan"}
 def print_summary(console: Console, summary: Summary) -> None:
     """One line per run, one for the totals, one for the findings by severity."""
     console.rule("summary")
-    if not summary.sources:
+    if not summary.sources and summary.timeline_ran:
+        console.print("no traffic: the dataset holds no exchanges and no connections")
+    elif not summary.sources:
         console.print("no run summary (the incident_timeline job was not run)")
     for s in summary.sources if len(summary.sources) > 1 else []:
         console.print(

@@ -229,6 +229,8 @@ class Summary:
     clients: list[ClientSummary]
     findings_by_severity: dict[str, int]
     software: dict[str, int]  # software -> clients (application clients only)
+    #: the incident_timeline job ran (no ``sources`` then means a dataset with no traffic at all)
+    timeline_ran: bool = True
 
     @property
     def span_s(self) -> float | None:
@@ -311,4 +313,5 @@ def build_summary(results: dict[str, Rows], found: list[Finding]) -> Summary:
         clients=clients,
         findings_by_severity={s: sum(1 for f in found if f.severity == s) for s in SEVERITIES},
         software=dict(software.most_common()),
+        timeline_ran="incident_sources" in results,
     )

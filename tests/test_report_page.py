@@ -432,3 +432,16 @@ def test_vega_bundle_is_kept_on_disk_and_read_back(tmp_path, monkeypatch):
         assert report_module.vega_bundle() == made
     finally:
         report_module.vega_bundle.cache_clear()
+
+
+def test_a_dataset_without_traffic_says_so_and_a_skipped_timeline_says_that():
+    """An empty dataset used to be reported as if ``incident_timeline`` had not run."""
+    for res, said, page_said in (
+        ({"incident_sources": [], "incident_timeline": []}, "no traffic: the dataset holds no", "No traffic"),
+        ({}, "the incident_timeline job was not run", "job was not run"),
+    ):
+        page = build_page(res, [], dataset="ds")
+        out = io.StringIO()
+        print_summary(Console(file=out, width=200), page.summary)
+        assert said in out.getvalue(), out.getvalue()
+        assert page_said in render_page(page)
