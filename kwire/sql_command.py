@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -327,8 +328,14 @@ def serve(
         if ready is not None:
             ready.set()
         seen = changed = _dataset_state(dataset)
+        jvm = getattr(spark.sparkContext._gateway, "proc", None)  # the driver JVM this process started
         with contextlib.suppress(KeyboardInterrupt):
             while not stop.wait(1.0):
+                if jvm is not None and jvm.poll() is not None and not stop.is_set():
+                    # killed, or out of memory: nothing serves the endpoint any more
+                    raise _fail(
+                        f"the Spark JVM serving {dataset} exited (code {jvm.returncode}); its log: {log}", 1
+                    )
                 now = _dataset_state(dataset)
                 # A new decode or `kwire analyze` run: serve what is there once it has stopped
                 # changing for a second (an analysis on this server writes its results one by one).
@@ -339,10 +346,16 @@ def serve(
                     info = ServerInfo(url, host, port, os.getpid(), str(dataset.resolve()), tables)
                     state.write_text(json.dumps(info.__dict__, indent=2) + "\n")
     finally:
+        from py4j.protocol import Py4JError
+
         with contextlib.suppress(OSError):
             if _read_server_file(dataset) is not None and _read_server_file(dataset).pid == os.getpid():
                 state.unlink()
-        spark.stop()
+        # a JVM already gone (SIGTERM to the whole process group, as a service manager sends it,
+        # reaches it too) has nothing left to stop
+        with contextlib.suppress(Py4JError, OSError), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # pyspark's "Unable to cleanly shutdown"
+            spark.stop()
         shutil.rmtree(warehouse, ignore_errors=True)
 
 

@@ -283,6 +283,27 @@ def test_warm_server_answers_later_queries(spark, dataset):  # noqa: F811
         assert not (dataset / SERVER_FILE).exists()
 
 
+def test_a_server_stops_quietly_on_a_group_sigterm_and_says_so_when_its_jvm_dies(dataset):
+    """A service manager stops the whole process group (the JVM too): exit 0, no traceback (there
+    was one, from stopping a JVM already gone). A JVM killed under a running server (the OOM
+    killer): one line and exit 1 at once (the server used to go on serving nothing)."""
+    from realkafka import descendants
+
+    popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    with warm_server(dataset, _free_port(), **popen) as server:
+        os.killpg(server.pid, signal.SIGTERM)
+        _, err = server.communicate(timeout=120)
+        assert server.returncode == 0 and err.strip() == "", err[-3000:]
+    with warm_server(dataset, _free_port(), **popen) as server:
+        (jvm,) = [pid for pid, name in descendants(server.pid) if name == "java"]
+        os.kill(jvm, signal.SIGKILL)
+        _, err = server.communicate(timeout=60)
+        assert server.returncode == 1, err[-3000:]
+        (line,) = err.strip().splitlines()
+        assert line.startswith(f"error: the Spark JVM serving {dataset} exited"), line
+    assert not (dataset / SERVER_FILE).exists()
+
+
 def test_a_server_file_pointing_at_a_silent_port_is_one_line_not_a_hang(dataset, tmp_path):
     """Something else listening where DATASET/.kwire-sql-server.json says the server is (a stale
     file, a port taken since): the commands say so in one line and exit 1, in bounded time."""
