@@ -339,7 +339,7 @@ def capture(
 ) -> None:
     """Passive sidecar: record the Kafka traffic on an interface into rolling Parquet files, as the
     proxy does, without being in the data path (needs CAP_NET_RAW and CAP_NET_ADMIN, or root)."""
-    from kwire.proxy_command import _metrics_token
+    from kwire.proxy_command import _metrics_token, recording_bounds_error
     from proxy.metrics import Metrics
     from proxy.outdir import claim
     from proxy.recorder import Recorder
@@ -360,8 +360,9 @@ def capture(
         )
     if metrics_port is not None and not 0 <= metrics_port <= 65535:
         raise fail(f"--metrics-port {metrics_port}: the port must be a number from 0 to 65535")
-    if flush_seconds <= 0 or flush_rows <= 0 or max_queue_mb <= 0:
-        raise fail("--flush-seconds, --flush-rows and --max-queue-mb must be more than 0")
+    wrong = recording_bounds_error(flush_seconds, flush_rows, max_queue_mb)
+    if wrong:
+        raise fail(wrong)
     token = _metrics_token(metrics_token_file, "kwire capture")
     ports = port or [9092]
     bpf = capture_filter or " or ".join(f"tcp port {p}" for p in ports)

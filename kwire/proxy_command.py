@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -31,6 +32,23 @@ def _fail(message: str, command: str = "kwire proxy") -> None:
 def _bare_port(text: str) -> str:
     """A bare number is a port (on 127.0.0.1), never a host name: ``--listen 41300``."""
     return f"127.0.0.1:{text.strip()}" if text.strip().isdigit() else text
+
+
+def recording_bounds_error(
+    flush_seconds: float, flush_rows: int, max_queue_mb: int, max_pending_rows: int | None = None
+) -> str | None:
+    """What is wrong with the recorder's bounds as given on the command line, in one line (None:
+    nothing). Each must be more than 0, and the flush window finite: it bounds what a SIGKILL
+    loses (the config file's ``recording:`` section checks the same)."""
+    for flag, value in (
+        ("--flush-seconds", flush_seconds),
+        ("--flush-rows", flush_rows),
+        ("--max-queue-mb", max_queue_mb),
+        ("--max-pending-rows", max_pending_rows),
+    ):
+        if value is not None and not (value > 0 and math.isfinite(value)):  # NaN fails both
+            return f"{flag} {value}: must be a finite number more than 0"
+    return None
 
 
 def _metrics_token(path: Path | None, command: str = "kwire proxy") -> str | None:
@@ -230,6 +248,9 @@ def proxy(
         _fail(f"--max-memory-mb {o.max_memory_mb}: must be 0 (no limit) or more")
     if o.header_timeout_s < 0:
         _fail(f"--header-timeout-s {o.header_timeout_s}: must be 0 (off) or more")
+    wrong = recording_bounds_error(o.flush_seconds, o.flush_rows, o.max_queue_mb, o.max_pending_rows)
+    if wrong:
+        _fail(wrong)
     metrics_token = _metrics_token(o.metrics_token_file)
     from_command_line = bool(inject) or rules is not None
     try:

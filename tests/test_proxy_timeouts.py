@@ -333,3 +333,28 @@ def test_bad_timeout_and_token_flags_are_refused(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "one word" in result.stderr
     result = runner.invoke(app, [*base, "--metrics-client-ids", "-3"])
     assert result.exit_code == 2 and "--metrics-client-ids" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--flush-seconds", "0"),
+        ("--flush-seconds", "nan"),
+        ("--flush-seconds", "inf"),
+        ("--flush-rows", "0"),
+        ("--max-queue-mb", "0"),
+        ("--max-pending-rows", "0"),
+    ],
+)
+def test_recorder_bounds_that_bound_nothing_are_refused_by_proxy_and_capture(
+    tmp_path: Path, flag: str, value: str
+) -> None:
+    """A flush window of 0 (a file per turn), NaN or infinity (a SIGKILL's loss unbounded), or a
+    queue of nothing: one line and exit 2 (the proxy took them; capture took NaN and infinity)."""
+    runner = CliRunner()
+    proxy = runner.invoke(app, ["proxy", "--bootstrap", "127.0.0.1:1", "--listen", f"{HOST}:0", flag, value])
+    assert proxy.exit_code == 2 and f"{flag} " in proxy.stderr and "more than 0" in proxy.stderr, proxy.stderr
+    if flag == "--max-pending-rows":
+        return  # the sidecar has no such option
+    capture = runner.invoke(app, ["capture", "-i", "lo", "-o", str(tmp_path / "c.kwire"), flag, value])
+    assert capture.exit_code == 2 and f"{flag} " in capture.stderr, capture.stderr
