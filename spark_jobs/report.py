@@ -111,8 +111,10 @@ def vega_bundle() -> str:
 
 
 def _script_json(value: Any) -> str:
-    """JSON that can sit inside a <script> element."""
-    return json.dumps(value, default=str, separators=(",", ":")).replace("</", "<\\/")
+    """JSON that can sit inside a <script> element: no ``<`` at all (only strings can hold one,
+    and ``\\u003c`` is the same string), so neither ``</script>`` nor ``<!--<script>`` in a client
+    id can end the element or make the parser swallow the rest of the page."""
+    return json.dumps(value, default=str, separators=(",", ":")).replace("<", "\\u003c")
 
 
 class ReportPage:

@@ -445,3 +445,11 @@ def test_a_dataset_without_traffic_says_so_and_a_skipped_timeline_says_that():
         print_summary(Console(file=out, width=200), page.summary)
         assert said in out.getvalue(), out.getvalue()
         assert page_said in render_page(page)
+
+
+def test_chart_data_cannot_end_or_derail_its_script_element():
+    from spark_jobs.report import _script_json
+
+    hostile = {"client_id": "<!--<script></script><b>x</b>", "n": [1, "a<b"]}
+    text = _script_json(hostile)
+    assert "<" not in text and json.loads(text) == hostile
