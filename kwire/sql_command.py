@@ -333,9 +333,18 @@ def serve(
             while not stop.wait(1.0):
                 if jvm is not None and jvm.poll() is not None and not stop.is_set():
                     # killed, or out of memory: nothing serves the endpoint any more
-                    raise _fail(
+                    error = _fail(
                         f"the Spark JVM serving {dataset} exited (code {jvm.returncode}); its log: {log}", 1
                     )
+                    if threading.current_thread() is threading.main_thread():
+                        # The command's own process: its files go, then it ends at once. Whatever
+                        # else would run on the way out (pyspark's stop, py4j's finalizers, threads
+                        # whose JVM end is gone) can only add noise to the one line above.
+                        _remove_server_file(dataset, state)
+                        shutil.rmtree(warehouse, ignore_errors=True)
+                        sys.stdout.flush()
+                        os._exit(1)
+                    raise error
                 now = _dataset_state(dataset)
                 # A new decode or `kwire analyze` run: serve what is there once it has stopped
                 # changing for a second (an analysis on this server writes its results one by one).
@@ -348,15 +357,21 @@ def serve(
     finally:
         from py4j.protocol import Py4JError
 
-        with contextlib.suppress(OSError):
-            if _read_server_file(dataset) is not None and _read_server_file(dataset).pid == os.getpid():
-                state.unlink()
+        _remove_server_file(dataset, state)
         # a JVM already gone (SIGTERM to the whole process group, as a service manager sends it,
         # reaches it too) has nothing left to stop
         with contextlib.suppress(Py4JError, OSError), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # pyspark's "Unable to cleanly shutdown"
             spark.stop()
         shutil.rmtree(warehouse, ignore_errors=True)
+
+
+def _remove_server_file(dataset: Path, state: Path) -> None:
+    """Remove DATASET's server file if this process wrote it."""
+    with contextlib.suppress(OSError):
+        info = _read_server_file(dataset)
+        if info is not None and info.pid == os.getpid():
+            state.unlink()
 
 
 # --- printing ---------------------------------------------------------------------------------

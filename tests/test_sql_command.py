@@ -299,8 +299,8 @@ def test_a_server_stops_quietly_on_a_group_sigterm_and_says_so_when_its_jvm_dies
         os.kill(jvm, signal.SIGKILL)
         _, err = server.communicate(timeout=60)
         assert server.returncode == 1, err[-3000:]
-        (line,) = err.strip().splitlines()
-        assert line.startswith(f"error: the Spark JVM serving {dataset} exited"), line
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: the Spark JVM serving {dataset} exited"), err
     assert not (dataset / SERVER_FILE).exists()
 
 
