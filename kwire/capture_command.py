@@ -258,6 +258,7 @@ async def _serve(
     token: str | None = None,
 ) -> int:
     from proxy.admin import AdminAuth, AdminRoutes, serve_admin
+    from proxy.server import os_reason
 
     loop = asyncio.get_running_loop()
     done = asyncio.Event()
@@ -278,8 +279,7 @@ async def _serve(
                 AdminRoutes(metrics, ready=sidecar.ready), metrics_host, metrics_port, AdminAuth(token)
             )
         except OSError as exc:
-            reason = os.strerror(exc.errno) if exc.errno else str(exc)
-            raise OSError(f"cannot serve metrics on {metrics_host}:{metrics_port}: {reason}") from exc
+            raise OSError(f"cannot serve metrics on {metrics_host}:{metrics_port}: {os_reason(exc)}") from exc
     sidecar.on_exit = lambda: loop.call_soon_threadsafe(done.set)
     sidecar.start()
     port = server.sockets[0].getsockname()[1] if server is not None else None

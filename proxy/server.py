@@ -54,7 +54,16 @@ from proxy.metrics import DEFAULT_CLIENT_IDS, Metrics
 from proxy.recorder_worker import RecorderProcess
 from proxy.session import ClientProtocol, Session
 
-__all__ = ["IO_MODES", "REMOVED_IO", "Proxy", "ProxyConfig", "check_io", "parse_address", "tune_malloc"]
+__all__ = [
+    "IO_MODES",
+    "REMOVED_IO",
+    "Proxy",
+    "ProxyConfig",
+    "check_io",
+    "os_reason",
+    "parse_address",
+    "tune_malloc",
+]
 
 
 log = logging.getLogger("kwire.proxy")
@@ -255,7 +264,7 @@ class Proxy:
         except OSError as exc:  # the OS's message does not name the address
             await self.recorder.stop()
             self._release_out_dir()
-            raise OSError(f"cannot listen on {host}:{port}: {_os_reason(exc)}") from exc
+            raise OSError(f"cannot listen on {host}:{port}: {os_reason(exc)}") from exc
         if port == 0:
             self.source = f"proxy:{host}:{self.listen_port}"
         if self.config.header_timeout:
@@ -279,7 +288,7 @@ class Proxy:
             )
         except OSError as exc:
             raise OSError(
-                f"cannot serve metrics on {config.metrics_host}:{config.metrics_port}: {_os_reason(exc)}"
+                f"cannot serve metrics on {config.metrics_host}:{config.metrics_port}: {os_reason(exc)}"
             ) from exc
 
     # ---- fault rules: listed, replaced, reloaded --------------------------------------
@@ -359,7 +368,7 @@ class Proxy:
                     min(self.config.connect_timeout, READY_CONNECT_SECONDS),
                 )
             except OSError as exc:  # TimeoutError too
-                why = "timed out" if isinstance(exc, TimeoutError) else _os_reason(exc)
+                why = "timed out" if isinstance(exc, TimeoutError) else os_reason(exc)
                 result = (False, f"{listening}, but no broker accepts connections ({host}:{port}: {why})")
                 continue
             writer.close()
@@ -604,8 +613,11 @@ class Proxy:
             )
 
 
-def _os_reason(exc: OSError) -> str:
-    """The OS's words for a failed bind (asyncio wraps them in a sentence of its own)."""
+def os_reason(exc: OSError) -> str:
+    """The OS's words for a failed bind (asyncio wraps them in a sentence of its own); a name
+    that does not resolve has the resolver's words (its codes are not errno values)."""
+    if isinstance(exc, socket.gaierror):
+        return exc.strerror or str(exc)
     return os.strerror(exc.errno) if exc.errno else str(exc)
 
 

@@ -20,6 +20,8 @@ Proxies listen on 127.0.6.1 (this suite's loopback range); every wait is bounded
 
 from __future__ import annotations
 
+import errno
+import os
 import signal
 import socket
 import struct
@@ -358,3 +360,35 @@ def test_recorder_bounds_that_bound_nothing_are_refused_by_proxy_and_capture(
         return  # the sidecar has no such option
     capture = runner.invoke(app, ["capture", "-i", "lo", "-o", str(tmp_path / "c.kwire"), flag, value])
     assert capture.exit_code == 2 and f"{flag} " in capture.stderr, capture.stderr
+
+
+def test_an_address_that_cannot_be_used_is_one_line_in_the_resolvers_or_the_os_words(tmp_path: Path) -> None:
+    """A name that does not resolve said "Unknown error -2" (a resolver code read as an errno)."""
+    import socket
+
+    runner = CliRunner()
+    for listen in ("999.1.1.1:5", "no-such-host.invalid:5"):
+        result = runner.invoke(app, ["proxy", "--bootstrap", "127.0.0.1:1", "--listen", listen])
+        assert result.exit_code == 2, result.stderr
+        assert f"cannot listen on {listen}: " in result.stderr and "Unknown error" not in result.stderr
+    with socket.socket() as taken:
+        taken.bind((HOST, 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = runner.invoke(app, ["proxy", "--bootstrap", "127.0.0.1:1", "--listen", f"{HOST}:{port}"])
+        assert result.exit_code == 2 and os.strerror(errno.EADDRINUSE) in result.stderr, result.stderr
+    sidecar = runner.invoke(
+        app,
+        [
+            "capture",
+            "-i",
+            "lo",
+            "-o",
+            str(tmp_path / "c.kwire"),
+            "--metrics-port",
+            "0",
+            "--metrics-host",
+            "999.1.1.1",
+        ],
+    )
+    assert sidecar.exit_code == 2 and "Unknown error" not in sidecar.stderr, sidecar.stderr
