@@ -337,6 +337,17 @@ def test_bad_timeout_and_token_flags_are_refused(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "--metrics-client-ids" in result.stderr
 
 
+def _kwire_refusing(*args: str) -> subprocess.CompletedProcess[str]:
+    """``kwire ARGS`` in a process of its own, bounded: a command that wrongly accepts its input
+    and starts serving fails the test at the timeout instead of hanging it."""
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "kwire", *args], capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"kwire {' '.join(args)} ran on instead of refusing its input")
+
+
 @pytest.mark.parametrize(
     ("flag", "value"),
     [
@@ -353,42 +364,37 @@ def test_recorder_bounds_that_bound_nothing_are_refused_by_proxy_and_capture(
 ) -> None:
     """A flush window of 0 (a file per turn), NaN or infinity (a SIGKILL's loss unbounded), or a
     queue of nothing: one line and exit 2 (the proxy took them; capture took NaN and infinity)."""
-    runner = CliRunner()
-    proxy = runner.invoke(app, ["proxy", "--bootstrap", "127.0.0.1:1", "--listen", f"{HOST}:0", flag, value])
-    assert proxy.exit_code == 2 and f"{flag} " in proxy.stderr and "more than 0" in proxy.stderr, proxy.stderr
+    proxy = _kwire_refusing("proxy", "--bootstrap", "127.0.0.1:1", "--listen", f"{HOST}:0", flag, value)
+    assert proxy.returncode == 2 and f"{flag} " in proxy.stderr and "more than 0" in proxy.stderr, (
+        proxy.stderr
+    )
     if flag == "--max-pending-rows":
         return  # the sidecar has no such option
-    capture = runner.invoke(app, ["capture", "-i", "lo", "-o", str(tmp_path / "c.kwire"), flag, value])
-    assert capture.exit_code == 2 and f"{flag} " in capture.stderr, capture.stderr
+    capture = _kwire_refusing("capture", "-i", "lo", "-o", str(tmp_path / "c.kwire"), flag, value)
+    assert capture.returncode == 2 and f"{flag} " in capture.stderr, capture.stderr
 
 
 def test_an_address_that_cannot_be_used_is_one_line_in_the_resolvers_or_the_os_words(tmp_path: Path) -> None:
     """A name that does not resolve said "Unknown error -2" (a resolver code read as an errno)."""
-    import socket
-
-    runner = CliRunner()
     for listen in ("999.1.1.1:5", "no-such-host.invalid:5"):
-        result = runner.invoke(app, ["proxy", "--bootstrap", "127.0.0.1:1", "--listen", listen])
-        assert result.exit_code == 2, result.stderr
+        result = _kwire_refusing("proxy", "--bootstrap", "127.0.0.1:1", "--listen", listen)
+        assert result.returncode == 2, result.stderr
         assert f"cannot listen on {listen}: " in result.stderr and "Unknown error" not in result.stderr
     with socket.socket() as taken:
         taken.bind((HOST, 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = runner.invoke(app, ["proxy", "--bootstrap", "127.0.0.1:1", "--listen", f"{HOST}:{port}"])
-        assert result.exit_code == 2 and os.strerror(errno.EADDRINUSE) in result.stderr, result.stderr
-    sidecar = runner.invoke(
-        app,
-        [
-            "capture",
-            "-i",
-            "lo",
-            "-o",
-            str(tmp_path / "c.kwire"),
-            "--metrics-port",
-            "0",
-            "--metrics-host",
-            "999.1.1.1",
-        ],
+        result = _kwire_refusing("proxy", "--bootstrap", "127.0.0.1:1", "--listen", f"{HOST}:{port}")
+        assert result.returncode == 2 and os.strerror(errno.EADDRINUSE) in result.stderr, result.stderr
+    sidecar = _kwire_refusing(
+        "capture",
+        "-i",
+        "lo",
+        "-o",
+        str(tmp_path / "c.kwire"),
+        "--metrics-port",
+        "0",
+        "--metrics-host",
+        "999.1.1.1",
     )
-    assert sidecar.exit_code == 2 and "Unknown error" not in sidecar.stderr, sidecar.stderr
+    assert sidecar.returncode == 2 and "Unknown error" not in sidecar.stderr, sidecar.stderr
