@@ -114,6 +114,7 @@ def _session(dataset: Path, master: str | None, local: bool, app: str, sized: bo
     """The Spark session to run on and where it runs: the dataset's warm server (``kwire sql
     --serve``) unless ``master`` or ``local`` says otherwise, else a new session (a JVM start).
     ``sized``: a new session gets settings for the dataset's size."""
+    from spark_jobs.driver_warmup import dataset_warm_up
     from spark_jobs.session import build_session, dataset_bytes
 
     data_bytes = dataset_bytes(dataset)
@@ -122,7 +123,10 @@ def _session(dataset: Path, master: str | None, local: bool, app: str, sized: bo
         if spark is not None:
             return spark, "the warm server"
     try:
-        return build_session(master, app, data_bytes=data_bytes if sized else None), None
+        session = build_session(
+            master, app, data_bytes=data_bytes if sized else None, warm_up=dataset_warm_up(dataset)
+        )
+        return session, None
     except Exception as exc:  # the JVM's own lines, if it printed any, came first
         raise _fail(f"Spark did not start: {error_line(exc)}", 1) from None
 

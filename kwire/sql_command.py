@@ -252,12 +252,16 @@ def _start_session(
     log: Path,
     extra_conf: dict[str, str] | None = None,
     data_bytes: int | None = None,
+    dataset: Path | None = None,
 ):
+    from spark_jobs.driver_warmup import dataset_warm_up
     from spark_jobs.session import build_session
 
     try:
         with _jvm_output_to(log):
-            spark = build_session(master, app, extra_conf=extra_conf, data_bytes=data_bytes)
+            spark = build_session(
+                master, app, extra_conf=extra_conf, data_bytes=data_bytes, warm_up=dataset_warm_up(dataset)
+            )
     except Exception as exc:
         raise _fail(f"Spark did not start: {error_line(exc)} (JVM log: {log})", 1) from None
     return spark
@@ -309,6 +313,7 @@ def serve(
             "spark.sql.warehouse.dir": Path(warehouse).as_uri(),
         },
         data_bytes=dataset_bytes(dataset),
+        dataset=dataset,
     )
     stop = stop or threading.Event()
     state = dataset / SERVER_FILE
@@ -569,7 +574,7 @@ def sql(
         log = Path(tempfile.gettempdir()) / f"kwire-sql-{os.getpid()}.log"
         from spark_jobs.session import dataset_bytes
 
-        spark = _start_session(master, "kwire-sql", log, data_bytes=dataset_bytes(dataset))
+        spark = _start_session(master, "kwire-sql", log, data_bytes=dataset_bytes(dataset), dataset=dataset)
         try:
             views = register_views(spark, dataset, query)
         except Exception as exc:

@@ -17,6 +17,7 @@ from pyspark.sql import SparkSession
 from spark_jobs import driver_launch, numpy_probe, py4j_cache
 from spark_jobs.class_archive import archive_classpath, archive_options, note_driver_pid
 from spark_jobs.driver_java import launch_env
+from spark_jobs.driver_warmup import WarmUp, warming
 from spark_jobs.jvm_stderr import launching
 
 __all__ = [
@@ -207,6 +208,7 @@ def build_session(
     ui: bool = False,
     extra_conf: dict[str, str] | None = None,
     data_bytes: int | None = None,
+    warm_up: WarmUp | None = None,
 ) -> SparkSession:
     """Return a SparkSession (a new one, or the active one if it already runs).
 
@@ -216,6 +218,8 @@ def build_session(
     whose JVM this call starts (default 4g, or ``$KWIRE_SPARK_DRIVER_MEMORY``).
     ``data_bytes``: the input's size (:func:`dataset_bytes`); a small input on a local master
     gets settings for small data (:func:`small_data`), measured to halve the CPU of a run.
+    ``warm_up``: what a new local driver does on its idle core while the session is built
+    (:mod:`spark_jobs.driver_warmup`).
     """
     active = SparkSession.getActiveSession()
     if active is not None:  # already running (a test fixture, a notebook): use it as it is
@@ -286,6 +290,7 @@ def build_session(
             launch.enter_context(launch_env())
             launch.enter_context(driver_launch.launching())  # its java command, no scripts
             launch.enter_context(launching())  # (this one wraps it: the JVM's standard error)
+            launch.enter_context(warming(warm_up))
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     py4j_cache.install()  # two of every three calls into the JVM while the jobs build

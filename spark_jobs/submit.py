@@ -32,6 +32,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from spark_jobs.common import Tables, combine_runs, load_tables, materialize
+from spark_jobs.driver_warmup import dataset_warm_up
 from spark_jobs.jobs import JOBS, parse_job_list, run_jobs, scheduled
 from spark_jobs.kafka_versions import BrokerVersions, load_broker_versions
 from spark_jobs.session import (
@@ -256,7 +257,12 @@ def main(argv: list[str] | None = None, *, job: str | None = None) -> int:
     if "://" not in args.dataset and not Path(args.dataset).is_dir():
         print(f"error: no dataset at {args.dataset}", file=sys.stderr)
         return 2
-    spark = build_session(args.master, "kwire-jobs", data_bytes=dataset_bytes(args.dataset))
+    spark = build_session(
+        args.master,
+        "kwire-jobs",
+        data_bytes=dataset_bytes(args.dataset),
+        warm_up=dataset_warm_up(args.dataset),
+    )
     start = time.perf_counter()
     analyse(
         spark,
