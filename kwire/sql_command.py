@@ -119,7 +119,7 @@ def _result_dirs(dataset: Path) -> dict[str, Path]:
 
 
 def _mentions(query: str | None) -> set[str] | None:
-    """The lower-case words of a query (None: register everything, e.g. for stdin queries)."""
+    """The lower-case words of a query (None for no query: register everything)."""
     return None if query is None else {w.lower() for w in re.findall(r"[A-Za-z_]\w*", query)}
 
 
