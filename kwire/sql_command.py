@@ -20,11 +20,13 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import logging
 import os
 import re
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -358,6 +360,8 @@ def serve(
             ready.set()
         seen = changed = _dataset_state(dataset)
         jvm = getattr(spark.sparkContext._gateway, "proc", None)  # the driver JVM this process started
+        if jvm is not None:
+            logging.getLogger().addFilter(QuietAfterJvmExit(jvm))
         with contextlib.suppress(KeyboardInterrupt):
             while not stop.wait(1.0):
                 if jvm is not None and jvm.poll() is not None and not stop.is_set():
@@ -393,6 +397,32 @@ def serve(
             warnings.simplefilter("ignore", RuntimeWarning)  # pyspark's "Unable to cleanly shutdown"
             spark.stop()
         shutil.rmtree(warehouse, ignore_errors=True)
+
+
+class QuietAfterJvmExit(logging.Filter):
+    """Drops py4j's report of a call its JVM dropped once that JVM has exited.
+
+    py4j logs every call that loses its connection (``Exception while sending command.`` and a
+    traceback, on the root logger, from whichever thread made the call: a warm-up step, a
+    connection py4j opened for the JVM's callbacks). A server whose JVM is killed says so in
+    one line of its own; those reports only came before that line now and then, when a call was
+    in flight as the JVM died. A report waits up to ``wait`` seconds for the JVM to be gone (the
+    connection breaks as the process exits, a moment before its exit can be collected) and is
+    shown if it still runs: a call that fails while its JVM lives is news."""
+
+    MESSAGE = "Exception while sending command."
+
+    def __init__(self, jvm: subprocess.Popen, wait: float = 2.0) -> None:
+        super().__init__()
+        self.jvm = jvm
+        self.wait = wait
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage() != self.MESSAGE:
+            return True
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.jvm.wait(self.wait)
+        return self.jvm.poll() is None
 
 
 def _remove_server_file(dataset: Path, state: Path) -> None:
@@ -449,8 +479,6 @@ def _print_result(df, fmt: str, limit: int) -> int:
 def _quiet_pyspark_errors() -> None:
     """PySpark logs every failed query's error with its Java stack trace (as JSON, on stderr)
     before raising it: the one-line error printed here says it already."""
-    import logging
-
     for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
         logging.getLogger(name).disabled = True
 

@@ -30,7 +30,7 @@ from typer.testing import CliRunner
 from warm_server import warm_server
 
 from kwire.analytics_commands import audit
-from kwire.sql_command import SERVER_FILE, error_line, find_server, register_views, sql
+from kwire.sql_command import SERVER_FILE, QuietAfterJvmExit, error_line, find_server, register_views, sql
 from spark_jobs.submit import analyse
 
 pytestmark = pytest.mark.spark
@@ -303,6 +303,28 @@ def test_a_server_stops_quietly_on_a_group_sigterm_and_says_so_when_its_jvm_dies
         lines = err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"error: the Spark JVM serving {dataset} exited"), err
     assert not (dataset / SERVER_FILE).exists()
+
+
+def test_py4j_reports_of_a_dead_jvm_are_dropped_and_of_a_live_one_kept():
+    """py4j logs a traceback for each call its JVM dropped, from whichever thread made it; one came
+    before the server's one line now and then (the test above: 1 of 39 runs). A report is
+    shown while the JVM (here a real process standing in for it) still runs, dropped once it has
+    exited; other records pass."""
+    import logging
+
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("root", logging.ERROR, __file__, 1, message, None, None)
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        quiet = QuietAfterJvmExit(child, wait=0.2)
+        assert quiet.filter(record(QuietAfterJvmExit.MESSAGE))  # alive: news
+        child.kill()
+        assert not quiet.filter(record(QuietAfterJvmExit.MESSAGE))  # waited for it to be gone
+        assert quiet.filter(record("something else"))
+    finally:
+        child.kill()
+        child.wait(10)
 
 
 def test_a_server_file_pointing_at_a_silent_port_is_one_line_not_a_hang(dataset, tmp_path):
