@@ -8,7 +8,8 @@ and prints the min/median/max wall time of each with the machine's load average 
 ``--warm`` then starts a warm server (``kwire sql DATASET --serve``) and times the same two
 commands on it: its first analysis apart (the server's JVM compiles Spark's planner then), and
 ``--runs`` more. Without a DATASET, decodes ``captures/tansu-mixed.pcap`` (the demo) into a
-temporary one.
+temporary one; ``--synthetic N`` synthesizes N exchanges instead (``bench/analyze_scale.py``'s
+mix: issue 22.2 asks for 10 s on up to 100k).
 """
 
 from __future__ import annotations
@@ -89,10 +90,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--query", default=QUERY)
     parser.add_argument("--no-analyze", action="store_true", help="time kwire sql and DuckDB only")
     parser.add_argument("--warm", action="store_true", help="also time both commands on a warm server")
+    parser.add_argument(
+        "--synthetic",
+        type=int,
+        default=0,
+        metavar="N",
+        help="no DATASET: synthesize N exchanges (not the demo)",
+    )
     args = parser.parse_args(argv)
+    if args.dataset is not None and args.synthetic:
+        parser.error("give a DATASET or --synthetic N, not both")
     with tempfile.TemporaryDirectory(prefix="kwire-bench-") as tmp:
         dataset = args.dataset
-        if dataset is None:
+        if dataset is None and args.synthetic:
+            sys.path.insert(0, str(ROOT / "bench"))
+            from analyze_scale import synthesize
+
+            dataset = Path(tmp) / f"synthetic-{args.synthetic}.kwire"
+            synthesize(dataset, args.synthetic)
+        elif dataset is None:
             dataset = Path(tmp) / "demo.kwire"
             _timed([*KWIRE, "decode", str(ROOT / "captures" / "tansu-mixed.pcap"), "-o", str(dataset)])
         load = os.getloadavg()
