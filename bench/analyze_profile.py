@@ -15,9 +15,9 @@ session start and the driver JVM's CPU time. Without a DATASET, decodes the demo
 ``time in aggregation build``, summed over tasks), in all and for the N costliest operators, with
 their keys and kwire job. A pointer, not a bill: an aggregate's build time includes the work of
 the operators that feed it inside the same generated stage (on 100k synthetic exchanges,
-counting incident_timeline's events per connection before spreading them over two lanes halved
-the rows its costliest aggregate took, and the job's task time did not move: 2.89-2.96 s against
-2.75-3.14 s).
+counting incident_timeline's events per connection before spreading them over two lanes, which
+feeds its costliest aggregate before the lanes double the rows, left the job's task time where it
+was: 2.89-2.96 s against 2.75-3.14 s).
 ``--sites N`` adds the driver time per line of ``spark_jobs/`` that called into a DataFrame;
 ``--plans`` the calls' time by the size of the plan each analysed (a new DataFrame) or ran (an
 action): a new DataFrame's analysis costs a fixed few milliseconds and more as its plan grows.
