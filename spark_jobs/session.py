@@ -121,7 +121,8 @@ _SMALL_CORE_CONF = {"spark.buffer.pageSize": "1m"}
 def one_partition(spark: SparkSession) -> bool:
     """Whether ``spark`` runs plans of one partition (``ONE_PARTITION_CONF``, small data):
     tables are read as one partition (``common.load_tables``), results are ordered without a
-    shuffle (``common.ordered``) and no join is hinted to broadcast (``common.broadcast``)."""
+    shuffle (``common.ordered``) and a join's marked small side is hashed, not broadcast
+    (``common.broadcast``)."""
     return spark.conf.get(ONE_PARTITION_CONF, "false") == "true"
 
 
