@@ -568,6 +568,7 @@ class RecorderProcess:
         if loop is None or proc is None:
             return
         self._proc = None  # once
+        _leave_idle(proc.pid)  # its last rows come now, however busy the machine
         self._send()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(_STOP_SECONDS):
@@ -824,15 +825,18 @@ def _yield_cpu() -> None:
             os.nice(_NICE)
 
 
-def _leave_idle() -> None:
-    """Every thread of this process back to an ordinary priority, where the system allows it
-    (root, ``CAP_SYS_NICE``, or an ``RLIMIT_NICE`` that covers nice 0): the proxy has stopped
-    forwarding and waits for the last rows, which on a saturated machine an idle-class writer
-    did not get to write (with three busy loops on the 2 CPUs the proxy's stop timed out)."""
+def _leave_idle(pid: int | None = None) -> None:
+    """Every thread of process ``pid`` (default: this one) back to an ordinary priority, where
+    the system allows it (root, ``CAP_SYS_NICE``, or an ``RLIMIT_NICE`` that covers nice 0): the
+    proxy has stopped forwarding and waits for the last rows, which on a saturated machine an
+    idle-class writer did not get to write (with three busy loops on the 2 CPUs the proxy's stop
+    timed out). The proxy's process does it for the worker as it stops it (``pid``): the worker
+    doing it itself must first get a CPU, which under ``SCHED_IDLE`` on a saturated machine it
+    may not get for a minute (a CI run: the stop outlasted its 60 s)."""
     try:
-        threads = [int(tid) for tid in os.listdir("/proc/self/task")]
+        threads = [int(tid) for tid in os.listdir(f"/proc/{pid or 'self'}/task")]
     except OSError:
-        threads = [0]
+        threads = [pid or 0]
     for tid in threads:
         with contextlib.suppress(AttributeError, OSError):
             os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))

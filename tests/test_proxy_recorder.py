@@ -341,6 +341,33 @@ def test_the_worker_process_runs_only_on_cpu_nobody_else_wants(tmp_path: Path) -
     assert os.sched_getscheduler(0) != os.SCHED_IDLE  # the proxy's own loop keeps its priority
 
 
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_the_proxy_lifts_its_idle_worker_to_write_the_last_rows(tmp_path: Path) -> None:
+    """As it stops the worker, the proxy's own process puts every thread of it back to an
+    ordinary priority (``_leave_idle(pid)``): the worker doing it itself first needs a CPU, which
+    an idle-class process on a saturated machine may not get for a minute (a CI run of
+    ``test_a_recording_proxy_starts_and_stops_on_a_saturated_machine`` outlasted its 60 s)."""
+    from proxy.recorder_worker import _leave_idle
+
+    def policies(pid: int) -> set[int]:
+        return {os.sched_getscheduler(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")}
+
+    async def run() -> tuple[set[int], set[int]]:
+        recorder = RecorderProcess(tmp_path, Metrics())
+        await recorder.start()
+        try:
+            assert recorder._proc is not None
+            pid = recorder._proc.pid
+            before = policies(pid)
+            _leave_idle(pid)
+            return before, policies(pid)
+        finally:
+            await recorder.stop()
+
+    before, after = asyncio.run(run())
+    assert os.SCHED_IDLE in before and after == {os.SCHED_OTHER}, (before, after)
+
+
 def test_the_worker_process_runs_the_tuned_collector(tmp_path: Path) -> None:
     """The worker starts with ``python -m``, not through ``kwire.cli``: it tunes CPython's cyclic
     collector itself (``kwire.runtime.tune_gc``). With the defaults it cost a fifth of its CPU
