@@ -343,6 +343,7 @@ def serve(
     )
     stop = stop or threading.Event()
     state = dataset / SERVER_FILE
+    quiet: QuietAfterJvmExit | None = None
     try:
         tables = register_tables(spark, dataset)
         url = f"sc://{host}:{port}"
@@ -361,7 +362,8 @@ def serve(
         seen = changed = _dataset_state(dataset)
         jvm = getattr(spark.sparkContext._gateway, "proc", None)  # the driver JVM this process started
         if jvm is not None:
-            logging.getLogger().addFilter(QuietAfterJvmExit(jvm))
+            quiet = QuietAfterJvmExit(jvm)
+            logging.getLogger().addFilter(quiet)
         with contextlib.suppress(KeyboardInterrupt):
             while not stop.wait(1.0):
                 if jvm is not None and jvm.poll() is not None and not stop.is_set():
@@ -390,6 +392,8 @@ def serve(
     finally:
         from py4j.protocol import Py4JError
 
+        if quiet is not None:  # a process that goes on (serve() in a thread) logs as before
+            logging.getLogger().removeFilter(quiet)
         _remove_server_file(dataset, state)
         # a JVM already gone (SIGTERM to the whole process group, as a service manager sends it,
         # reaches it too) has nothing left to stop
