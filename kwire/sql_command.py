@@ -392,8 +392,6 @@ def serve(
     finally:
         from py4j.protocol import Py4JError
 
-        if quiet is not None:  # a process that goes on (serve() in a thread) logs as before
-            logging.getLogger().removeFilter(quiet)
         _remove_server_file(dataset, state)
         # a JVM already gone (SIGTERM to the whole process group, as a service manager sends it,
         # reaches it too) has nothing left to stop
@@ -401,6 +399,8 @@ def serve(
             warnings.simplefilter("ignore", RuntimeWarning)  # pyspark's "Unable to cleanly shutdown"
             spark.stop()
         shutil.rmtree(warehouse, ignore_errors=True)
+        if quiet is not None:  # after the stop, whose calls a JVM already gone fails too
+            logging.getLogger().removeFilter(quiet)  # a process that goes on logs as before
 
 
 class QuietAfterJvmExit(logging.Filter):
