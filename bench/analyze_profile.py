@@ -153,6 +153,19 @@ def _jvm_threads_cpu_s(spark) -> dict[str, float]:
     return dict(out)
 
 
+def _codegen_figures(spark) -> dict[str, float]:
+    """Spark's code generation counters: classes compiled by Janino in this JVM and the time
+    (the histogram's mean over its sample, times its exact count: an estimate)."""
+    metrics = spark.sparkContext._jvm.org.apache.spark.metrics.source.CodegenMetrics
+    compile_ms = metrics.METRIC_COMPILATION_TIME()
+    source = metrics.METRIC_SOURCE_CODE_SIZE()
+    return {
+        "classes": compile_ms.getCount(),
+        "compile_s": compile_ms.getSnapshot().getMean() * compile_ms.getCount() / 1000.0,
+        "source_kb": source.getSnapshot().getMean() * source.getCount() / 1024.0,
+    }
+
+
 def _jvm_cpu_s(spark) -> float:
     """The driver JVM's CPU seconds so far (user + system, from /proc)."""
     pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
@@ -369,6 +382,10 @@ def main(argv: list[str] | None = None) -> int:
     threads = _jvm_threads_cpu_s(spark)
     threads = {k: v - threads0.get(k, 0.0) for k, v in threads.items()}  # (threads that ended are not in it)
     rules = spark.sparkContext._jvm.org.apache.spark.sql.catalyst.rules.RuleExecutor.dumpTimeSpent()
+    codegen = _codegen_figures(spark)
+    from spark_jobs import codegen_cache
+
+    codegen.update(codegen_cache.counts(spark))
     spark.stop()
     per = read_event_log(events)
     print(f"session start {session_s:.1f}s; analysis {analyse_s:.1f}s wall, driver JVM CPU {cpu:.1f}s")
@@ -390,6 +407,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     total_jobs = sum(r["job_s"] for r in per.values())
     print(f"  in Spark jobs {total_jobs:.1f}s of {analyse_s:.1f}s (the rest: planning, commits, findings)")
+    print(
+        "  code generation: {classes} classes compiled, ~{compile_s:.1f}s compiling (mean x count), "
+        "{source_kb:.0f} KB of source; kwire's disk cache: {hits} hits, {misses} misses, {stored} stored, "
+        "{failed} failed".format(**codegen)
+    )
     if args.rules:
         print(rules)
     if args.operators:

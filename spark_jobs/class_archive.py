@@ -243,15 +243,26 @@ def _warm_up_dataset(work: Path) -> Path:
 
 
 def _warm_up(spark, work: Path) -> None:
-    """Load the classes a run loads: the whole analysis over the bundled capture, then a few
-    queries over rows (a Parquet round trip, joins, windows, aggregates, a checkpoint)."""
+    """Load the classes a run loads: the whole analysis over the bundled capture (with and
+    without code generation), then a few queries over rows (a Parquet round trip, joins, windows, aggregates, a checkpoint)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    from spark_jobs import codegen_cache
     from spark_jobs.kafka_versions import load_broker_versions
+    from spark_jobs.session import TINY_DATA_BYTES, session_sql_conf
     from spark_jobs.submit import analyse
 
-    analyse(spark, _warm_up_dataset(work), work / "report", versions=load_broker_versions())
+    dataset = _warm_up_dataset(work)
+    analyse(spark, dataset, work / "report", versions=load_broker_versions())
+    # again with code generation, as past the tiny size: the classes Janino makes for the
+    # analysis go to spark_jobs.codegen_cache's folder, for a first analysis of such a dataset
+    codegen_cache.install(spark)
+    for key, value in session_sql_conf(TINY_DATA_BYTES + 1).items():
+        spark.conf.set(key, value)
+    analyse(spark, dataset, work / "report-codegen", versions=load_broker_versions())
+    for key, value in session_sql_conf(0).items():
+        spark.conf.set(key, value)
     rows = spark.range(2000).select(
         (F.col("id") % 7).alias("k"), F.col("id").alias("v"), F.timestamp_micros("id").alias("t")
     )

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from spark_jobs import driver_launch, numpy_probe, py4j_cache
+from spark_jobs import codegen_cache, driver_launch, numpy_probe, py4j_cache
 from spark_jobs.class_archive import archive_classpath, archive_options, note_driver_pid
 from spark_jobs.driver_java import launch_env
 from spark_jobs.driver_warmup import WarmUp, warming
@@ -295,6 +295,8 @@ def build_session(
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     py4j_cache.install()  # two of every three calls into the JVM while the jobs build
+    if local_driver and data_profile(data_bytes) != "tiny":  # tiny data generates almost no code
+        codegen_cache.install(spark)  # classes compiled by earlier runs
     if recording is not None:
         note_driver_pid(recording, spark)
     if small_sql_at_run_time(under_submit, spark.sparkContext.master) and small_data(data_bytes):

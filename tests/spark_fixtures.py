@@ -8,6 +8,8 @@ what matters: ``ex(t=1.0, api="Produce", pe=[("orders", 0, 56)])``.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -94,6 +96,25 @@ def spark():
     )
     yield session
     session.stop()
+
+
+@contextmanager
+def spark_settings(spark, settings: dict[str, str | None]) -> Iterator[None]:
+    """``settings`` on the shared session for a block (None: unset), then each key as it was."""
+
+    def put(values: dict[str, str | None]) -> None:
+        for key, value in values.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+
+    before = {key: spark.conf.get(key, None) for key in settings}
+    try:
+        put(settings)
+        yield
+    finally:
+        put(before)
 
 
 def at(seconds: float) -> datetime:

@@ -18,12 +18,10 @@ On the code before this test, 12 of 27 results differed on 50k exchanges: 10 in 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from spark_fixtures import spark  # noqa: F401
+from spark_fixtures import spark, spark_settings  # noqa: F401
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
@@ -50,29 +48,14 @@ ONE_PARTITION = {
 }
 
 
-@contextmanager
-def _settings(spark, settings: dict[str, str]) -> Iterator[None]:  # noqa: F811
-    before = {key: spark.conf.get(key, None) for key in settings}
-    try:
-        for key, value in settings.items():
-            spark.conf.set(key, value)
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
-
-
 def test_results_do_not_depend_on_the_plan(spark, tmp_path: Path) -> None:  # noqa: F811
     from spark_jobs.submit import analyse
 
     synthesize(tmp_path / "ds", 20_000)
     analyse(spark, tmp_path / "ds", tmp_path / "as-usual")
-    with _settings(spark, OTHER_PLAN):
+    with spark_settings(spark, OTHER_PLAN):
         analyse(spark, tmp_path / "ds", tmp_path / "other-plan")
-    with _settings(spark, ONE_PARTITION):
+    with spark_settings(spark, ONE_PARTITION):
         analyse(spark, tmp_path / "ds", tmp_path / "one-partition")
     usual = read_results(tmp_path / "as-usual")
     assert len(usual) >= 25 and sum(len(rows) for _, rows in usual.values()) > 10_000
@@ -93,7 +76,7 @@ def test_one_partition_plans_need_no_shuffle(spark, tmp_path: Path) -> None:  # 
         joined = tables.exchanges.join(broadcast(counts), "client_id")
         return ordered(joined, "request_time")._jdf.queryExecution().executedPlan().toString()
 
-    with _settings(spark, ONE_PARTITION):
+    with spark_settings(spark, ONE_PARTITION):
         tables = load_tables(spark, tmp_path / "ds")
         assert tables.exchanges.rdd.getNumPartitions() == 1
         one = plan(tables)
