@@ -128,6 +128,54 @@ def read_operator_times(folder: Path) -> list[tuple[str, str, str, float]]:
     ]
 
 
+def read_stage_times(folder: Path) -> list[tuple[str, int, float, int, list[str]]]:
+    """(kwire job, stage, task milliseconds, tasks, the operators whose SQL metrics its tasks
+    updated, in plan order) of every stage of the event log."""
+    lines = [line for p in sorted(folder.rglob("events_*")) for line in p.read_text().splitlines()]
+    operator_of: dict[int, tuple[int, str]] = {}  # accumulator id -> (position in its plan, operator)
+    stage_label: dict[int, str] = {}
+    stages: dict[int, dict] = {}
+
+    def walk(info: dict, position: list[int]) -> None:
+        position[0] += 1
+        here = position[0]
+        for metric in info.get("metrics", []):
+            operator_of[metric["accumulatorId"]] = (here, info.get("simpleString", "")[:90])
+        for child in info.get("children", []):
+            walk(child, position)
+
+    for line in lines:
+        ev = json.loads(line)
+        kind = ev["Event"]
+        if kind.endswith("SQLExecutionStart") or kind.endswith("SQLAdaptiveExecutionUpdate"):
+            walk(ev["sparkPlanInfo"], [0])
+        elif kind == "SparkListenerJobStart":
+            label = ((ev.get("Properties") or {}).get("spark.job.description") or "?").split(":")[0]
+            for sid in ev.get("Stage IDs", []):
+                stage_label[sid] = label
+        elif kind == "SparkListenerTaskEnd":
+            row = stages.setdefault(ev["Stage ID"], {"ms": 0.0, "tasks": 0, "ops": set()})
+            row["ms"] += (ev.get("Task Metrics") or {}).get("Executor Run Time", 0)
+            row["tasks"] += 1
+            for acc in (ev.get("Task Info") or {}).get("Accumulables", []):
+                if acc["ID"] in operator_of:
+                    row["ops"].add(operator_of[acc["ID"]])
+    return [
+        (stage_label.get(sid, "?"), sid, row["ms"], row["tasks"], [op for _, op in sorted(row["ops"])])
+        for sid, row in stages.items()
+    ]
+
+
+def print_stage_times(rows: list[tuple[str, int, float, int, list[str]]], n: int) -> None:
+    print(
+        f"  task time by stage: {sum(r[2] for r in rows) / 1000:.2f}s in {len(rows)} stages; the costliest:"
+    )
+    for label, sid, ms, tasks, ops in sorted(rows, key=lambda r: -r[2])[:n]:
+        print(f"    {ms / 1000:6.2f}s  {label:20s} stage {sid:4d} ({tasks} tasks)")
+        for op in ops:
+            print(f"             {op}")
+
+
 def print_operator_times(rows: list[tuple[str, str, str, float]], n: int) -> None:
     for metric in _OPERATOR_TIMES:
         mine = sorted((r for r in rows if r[1] == metric), key=lambda r: -r[3])
@@ -292,6 +340,12 @@ def main(argv: list[str] | None = None) -> int:
         help="print the sort and aggregate time Spark's metrics give, and the N costliest operators",
     )
     parser.add_argument(
+        "--stages",
+        type=int,
+        default=0,
+        help="print the N stages with the most task time, with their operators",
+    )
+    parser.add_argument(
         "--sites",
         type=int,
         default=0,
@@ -416,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
         print(rules)
     if args.operators:
         print_operator_times(read_operator_times(events), args.operators)
+    if args.stages:
+        print_stage_times(read_stage_times(events), args.stages)
     if sites is not None and args.sites:
         sites.print(args.sites)
     if sites is not None and args.plans:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
-from analyze_profile import read_operator_times
+from analyze_profile import read_operator_times, read_stage_times
 
 
 def _plan(execution: int) -> dict:
@@ -45,9 +45,20 @@ def _job(job: int, execution: int, label: str) -> dict:
     return {"Event": "SparkListenerJobStart", "Job ID": job, "Stage IDs": [job], "Properties": props}
 
 
-def _task(stage: int, updates: dict[int, int]) -> dict:
+def _task(stage: int, updates: dict[int, int], run_ms: int = 0) -> dict:
     accumulables = [{"ID": acc, "Update": str(ms), "Value": str(ms)} for acc, ms in updates.items()]
-    return {"Event": "SparkListenerTaskEnd", "Stage ID": stage, "Task Info": {"Accumulables": accumulables}}
+    return {
+        "Event": "SparkListenerTaskEnd",
+        "Stage ID": stage,
+        "Task Info": {"Accumulables": accumulables},
+        "Task Metrics": {"Executor Run Time": run_ms},
+    }
+
+
+def _write_log(folder: Path, events: list[dict]) -> None:
+    log = folder / "eventlog_v2_local-1"
+    log.mkdir()
+    (log / "events_1_local-1").write_text("".join(json.dumps(e) + "\n" for e in events))
 
 
 def test_operator_times_are_summed_over_tasks_and_named_by_job(tmp_path: Path) -> None:
@@ -61,9 +72,7 @@ def test_operator_times_are_summed_over_tasks_and_named_by_job(tmp_path: Path) -
         _task(1, {21: 0, 23: 900}),  # a sort that took no time is left out
         _task(1, {999: 7}),  # an accumulator no plan names
     ]
-    log = tmp_path / "eventlog_v2_local-1"
-    log.mkdir()
-    (log / "events_1_local-1").write_text("".join(json.dumps(e) + "\n" for e in events))
+    _write_log(tmp_path, events)
     rows = sorted(read_operator_times(tmp_path))
     assert rows == [
         (
@@ -84,4 +93,31 @@ def test_operator_times_are_summed_over_tasks_and_named_by_job(tmp_path: Path) -
             "HashAggregate(keys=[source#0], functions=[count(1)])",
             75.0,
         ),
+    ]
+
+
+def test_stage_times_are_summed_over_tasks_with_the_operators_their_tasks_updated(tmp_path: Path) -> None:
+    events = [
+        _plan(1),
+        _job(0, 1, "outages: broker gaps"),
+        _task(0, {11: 300, 13: 50}, run_ms=1200),
+        _task(0, {13: 25}, run_ms=800),
+        _plan(2),
+        _job(1, 2, "delivery"),
+        _task(1, {23: 900}, run_ms=300),  # only its aggregate reported
+    ]
+    _write_log(tmp_path, events)
+    rows = sorted(read_stage_times(tmp_path), key=lambda r: r[1])
+    assert rows == [
+        (
+            "outages",
+            0,
+            2000.0,
+            2,
+            [
+                "HashAggregate(keys=[source#0], functions=[count(1)])",  # the plan's root first
+                "Sort [source#0 ASC NULLS FIRST, connection_id#1 ASC NULLS FIRST], false, 0",
+            ],
+        ),
+        ("delivery", 1, 300.0, 1, ["HashAggregate(keys=[source#0], functions=[count(1)])"]),
     ]
