@@ -85,11 +85,16 @@ def _javac() -> Path | None:
     return Path(found) if found else None
 
 
+def _hook_folder() -> Path:
+    """Where the hook compiled from this source against this pyspark's jars goes."""
+    source = _SOURCE.read_bytes()
+    return _root() / f"hook-{hashlib.sha256(source + _jar_set().encode()).hexdigest()[:16]}"
+
+
 def hook_classes() -> Path | None:
     """The folder holding the compiled hook, compiled now if missing; None without a ``javac``
     or when compiling fails."""
-    source = _SOURCE.read_bytes()
-    folder = _root() / f"hook-{hashlib.sha256(source + _jar_set().encode()).hexdigest()[:16]}"
+    folder = _hook_folder()
     if (folder / "kwire" / "spark" / "CodegenDiskCache.class").is_file():
         return folder
     javac = _javac()
@@ -182,9 +187,10 @@ def counts(spark: Any) -> dict[str, int]:
     return dict(zip(("hits", "misses", "stored", "failed"), (int(v) for v in got), strict=True))
 
 
-def _prune_now_and_then(folder: Path, every_s: float = 3600.0) -> None:
+def _prune_now_and_then(folder: Path, every_s: float = 3600.0, stale_s: float = 86400.0) -> None:
     """:func:`prune` at most once every ``every_s`` (a walk of the folder costs some 20 ms per
-    thousand files)."""
+    thousand files), and remove the folders beside it (another pyspark's classes, an older
+    hook) untouched for ``stale_s``."""
     stamp = folder / ".pruned"
     with contextlib.suppress(OSError):
         if time.time() - stamp.stat().st_mtime < every_s:
@@ -192,6 +198,26 @@ def _prune_now_and_then(folder: Path, every_s: float = 3600.0) -> None:
     prune(folder, MAX_BYTES)
     folder.mkdir(parents=True, exist_ok=True)
     stamp.touch()
+    for other in folder.parent.iterdir():
+        if (
+            other.name.startswith(("classes-", "hook-"))
+            and other not in (folder, _hook_folder())
+            and other.is_dir()
+        ):
+            with contextlib.suppress(OSError):
+                if time.time() - _last_use(other) > stale_s:
+                    shutil.rmtree(other, ignore_errors=True)
+
+
+def _last_use(folder: Path) -> float:
+    """The latest time ``folder``'s stamp, the folder itself or a class file in it was used
+    (a hook's folder holds one class file)."""
+    times = [folder.stat().st_mtime]
+    for path in (folder / ".pruned", folder / "kwire" / "spark" / "CodegenDiskCache.class"):
+        with contextlib.suppress(OSError):
+            st = path.stat()
+            times.append(max(st.st_atime, st.st_mtime))
+    return max(times)
 
 
 def prune(folder: Path, max_bytes: int) -> int:

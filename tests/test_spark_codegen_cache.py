@@ -160,3 +160,45 @@ def test_the_class_archive_recorder_fills_the_cache_with_code_generation_on(spar
         after = spark.conf.get("spark.sql.codegen.wholeStage")
     assert seen == [("false", "report"), ("install", ""), ("true", "report-codegen")]
     assert after == "false"
+
+
+def test_a_compile_error_is_sparks_own(spark, codegen_on, tmp_path):  # noqa: F811
+    """Source that does not compile fails as Spark's compiler fails (its fallback to
+    interpreted rows catches that), not wrapped by the hook's reflection; nothing is stored."""
+    from py4j.protocol import Py4JJavaError
+
+    assert codegen_cache.install(spark, folder=tmp_path)
+    jvm = spark.sparkContext._jvm
+    codegen = jvm.org.apache.spark.sql.catalyst.expressions.codegen
+    code = codegen.CodeAndComment(
+        "public Object generate(Object[] references) { return undefined; }",
+        jvm.scala.collection.mutable.HashMap(),
+    )
+    with pytest.raises(Py4JJavaError) as failed:
+        codegen.CodeGenerator.compile(code)
+    java = failed.value.java_exception
+    assert "InvocationTargetException" not in java.getClass().getName()
+    assert "compile" in str(java.getMessage()).lower()
+    assert not list(tmp_path.rglob("*.class-set"))
+
+
+def test_folders_of_another_pyspark_or_an_older_hook_go_once_unused_for_a_day(tmp_path, monkeypatch):
+    monkeypatch.setenv("KWIRE_SPARK_CODEGEN_DIR", str(tmp_path))
+    current = codegen_cache.cache_folder()
+    hook = codegen_cache._hook_folder()
+    old = time.time() - 3 * 86400
+    for folder in (
+        tmp_path / "classes-3.5.0-0123",
+        tmp_path / "hook-0123",
+        tmp_path / "classes-4.0.0-4567",
+        hook,
+    ):
+        (folder / "ab").mkdir(parents=True)
+        (folder / "ab" / "x.class-set").write_bytes(b"x")
+        os.utime(folder, (old, old))
+    (tmp_path / "classes-4.0.0-4567" / ".pruned").touch()  # another pyspark's run, this hour
+    codegen_cache._prune_now_and_then(current)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [current.name, hook.name, "classes-4.0.0-4567"]
+    )
+    assert (current / ".pruned").is_file()

@@ -5,6 +5,7 @@ import java.io.DataInputStream;
 import java.io.DataOutputStream;
 import java.io.IOException;
 import java.lang.reflect.Field;
+import java.lang.reflect.InvocationTargetException;
 import java.lang.reflect.Method;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
@@ -117,19 +118,39 @@ public final class CodegenDiskCache extends CacheLoader<Object, Object> {
     ClassLoader parent = (ClassLoader) ((HashableWeakReference) parts._1()).get();
     String body = ((CodeAndComment) parts._3()).body();
     Path file = fileFor(body);
-    Object found = read(file, parent);
+    Object found = parent == null ? null : read(file, parent);
     if (found != null) {
       HITS.incrementAndGet();
       return found;
     }
     MISSES.incrementAndGet();
-    Object compiled = compile != null ? compile.invoke(null, key) : spark.get(key);
+    Object compiled = compile(key);
     try {
       store(file, (Tuple2<?, ?>) compiled);
     } catch (IOException | ReflectiveOperationException | RuntimeException e) {
       FAILED.incrementAndGet();
     }
     return compiled;
+  }
+
+  /** Spark's own compilation of {@code key}, throwing what Spark's loader throws (a compile
+   * error is Spark's, not a reflection wrapper: Spark unwraps only the cache's own). */
+  private Object compile(Object key) throws Exception {
+    if (compile == null) {
+      return spark.get(key);
+    }
+    try {
+      return compile.invoke(null, key);
+    } catch (InvocationTargetException e) {
+      Throwable cause = e.getCause();
+      if (cause instanceof Exception) {
+        throw (Exception) cause;
+      }
+      if (cause instanceof Error) {
+        throw (Error) cause;
+      }
+      throw e;
+    }
   }
 
   private Path fileFor(String body) throws Exception {
