@@ -44,13 +44,16 @@ _LOG4J = Path(__file__).with_name("log4j2.properties")
 #: 84.5-86.0 against 70.2 s (the full JIT's compiled code then earns back its 35-44 s of compiler
 #: CPU). It was 64 MiB, before the small-data runs compiled code (:data:`TINY_DATA_BYTES`).
 SMALL_DATA_BYTES = 32 << 20
-#: A small dataset up to this many bytes of Parquet is "tiny" (up to some 40k exchanges; the demo
+#: A small dataset up to this many bytes of Parquet is "tiny" (up to some 10k exchanges; the demo
 #: capture's is 60 kB): its rows cost less to interpret than to compile code for, and it gets
 #: the tiny-data settings on top of the small-data ones. Measured on synthetic datasets
 #: (``bench/analyze_scale.synthesize``), ``kwire analyze`` with code generation against without:
 #: 10k exchanges (0.9 MB) 23.4 s against 17.8 s; 30k (2.5 MB) 27.7 against 25.5 s; 100k (7.4 MB)
-#: 34.4 against 48.4 s.
-TINY_DATA_BYTES = 4 << 20
+#: 34.4 against 48.4 s. That was 4 MiB until the compiled classes were kept across runs
+#: (:mod:`spark_jobs.codegen_cache`); with them (``farm-bench --vs``, 3 alternating pairs each,
+#: 2026-12-08): 10k 1.05x (0.98-1.10), 20k (1.6 MB) 0.84x, 30k 0.78x, the eight lab captures
+#: decoded together (1.75 MB of real traffic) 0.75x (22.9 against 31.1 s, the same 27 results).
+TINY_DATA_BYTES = 1 << 20
 
 #: Set to "true" on a session whose plans are one partition (small data): see
 #: :func:`one_partition`. Spark itself does not read it; ``spark.conf.set`` takes it at any time.
