@@ -202,3 +202,36 @@ def test_folders_of_another_pyspark_or_an_older_hook_go_once_unused_for_a_day(tm
         [current.name, hook.name, "classes-4.0.0-4567"]
     )
     assert (current / ".pruned").is_file()
+
+
+def test_code_compiled_against_a_loader_with_classes_of_its_own_is_left_to_spark(spark, tmp_path):  # noqa: F811
+    """A class loader that adds classes (a REPL's, a Connect session's artifacts, added jars) may
+    hold another class of the same name in a later run: its code is neither stored nor read."""
+    assert codegen_cache.install(spark, folder=tmp_path)
+    jvm = spark.sparkContext._jvm
+    gateway = spark.sparkContext._gateway
+    codegen = jvm.org.apache.spark.sql.catalyst.expressions.codegen
+    thread = jvm.java.lang.Thread.currentThread()  # py4j runs this Python thread's calls on one JVM thread
+    own = thread.getContextClassLoader()
+
+    def compile_under(loader, marker: int) -> None:
+        body = f"public Object generate(Object[] references) {{ return Integer.valueOf({marker}); }}"
+        thread.setContextClassLoader(loader)
+        try:
+            codegen.CodeGenerator.compile(
+                codegen.CodeAndComment(body, jvm.scala.collection.mutable.HashMap())
+            )
+        finally:
+            thread.setContextClassLoader(own)
+
+    urls = gateway.new_array(jvm.java.net.URL, 1)
+    urls[0] = jvm.java.io.File(str(tmp_path / "jars") + "/").toURI().toURL()
+    with_jars = jvm.java.net.URLClassLoader(urls, jvm.org.apache.spark.util.Utils.getSparkClassLoader())
+    before = codegen_cache.counts(spark)
+    compile_under(with_jars, 7001)
+    after_foreign = codegen_cache.counts(spark)
+    compile_under(jvm.org.apache.spark.util.Utils.getSparkClassLoader(), 7002)
+    after_plain = codegen_cache.counts(spark)
+    assert after_foreign == before  # Spark compiled it; the folder was not asked
+    assert after_plain["misses"] == before["misses"] + 1 and after_plain["stored"] == before["stored"] + 1
+    assert len(list(tmp_path.rglob("*.class-set"))) == 1

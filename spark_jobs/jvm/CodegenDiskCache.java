@@ -7,6 +7,7 @@ import java.io.IOException;
 import java.lang.reflect.Field;
 import java.lang.reflect.InvocationTargetException;
 import java.lang.reflect.Method;
+import java.net.URLClassLoader;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.NoSuchFileException;
@@ -47,7 +48,9 @@ import scala.Tuple3;
  * first, else lets Spark compile as before and stores what Janino made. The classes are
  * defined from those bytes as Janino defines them (a {@code ByteArrayClassLoader} over Spark's
  * {@code ParentClassLoader}). Source compiled by another compiler ({@code
- * spark.sql.codegen.compiler=jdk}) is left to Spark.
+ * spark.sql.codegen.compiler=jdk}), or against a class loader that adds classes of its own (a
+ * REPL's, a Connect session's artifacts, added jars: a class of the same name may differ from one
+ * run to the next), is left to Spark.
  *
  * <p>A file that cannot be read (cut short, another format) counts as a miss and is compiled
  * again; a store that fails is counted and the run goes on. Files are written whole (a
@@ -65,11 +68,13 @@ public final class CodegenDiskCache extends CacheLoader<Object, Object> {
   private final Path dir;
   private final LoadingCache<Object, Object> spark;
   private final Method compile;
+  private final ClassLoader sparkLoader;
 
-  private CodegenDiskCache(Path dir, LoadingCache<Object, Object> spark, Method compile) {
+  private CodegenDiskCache(Path dir, LoadingCache<Object, Object> spark, Method compile, ClassLoader sparkLoader) {
     this.dir = dir;
     this.spark = spark;
     this.compile = compile;
+    this.sparkLoader = sparkLoader;
   }
 
   /**
@@ -98,7 +103,8 @@ public final class CodegenDiskCache extends CacheLoader<Object, Object> {
     }
     Path dir = Paths.get(directory);
     Files.createDirectories(dir);
-    CodegenDiskCache loader = new CodegenDiskCache(dir, (LoadingCache<Object, Object>) current, compile);
+    CodegenDiskCache loader = new CodegenDiskCache(
+        dir, (LoadingCache<Object, Object>) current, compile, org.apache.spark.util.Utils.getSparkClassLoader());
     inner.set(holder, new Ours(CacheBuilder.newBuilder().maximumSize(maxEntries).build(loader), loader.spark));
     return again ? "moved" : "installed";
   }
@@ -116,9 +122,12 @@ public final class CodegenDiskCache extends CacheLoader<Object, Object> {
       return spark.get(key);
     }
     ClassLoader parent = (ClassLoader) ((HashableWeakReference) parts._1()).get();
+    if (!onlySparks(parent)) {
+      return spark.get(key); // classes of a session's own (a REPL's, Connect artifacts) may change under one name
+    }
     String body = ((CodeAndComment) parts._3()).body();
     Path file = fileFor(body);
-    Object found = parent == null ? null : read(file, parent);
+    Object found = read(file, parent);
     if (found != null) {
       HITS.incrementAndGet();
       return found;
@@ -131,6 +140,23 @@ public final class CodegenDiskCache extends CacheLoader<Object, Object> {
       FAILED.incrementAndGet();
     }
     return compiled;
+  }
+
+  /**
+   * Whether {@code loader} sees only the classes Spark's own loader sees: it is that loader, or
+   * class loaders without a URL of their own above it (a local executor's, with no added jar).
+   */
+  private boolean onlySparks(ClassLoader loader) {
+    for (int depth = 0; loader != null && depth < 8; depth++) {
+      if (loader == sparkLoader) {
+        return true;
+      }
+      if (!(loader instanceof URLClassLoader) || ((URLClassLoader) loader).getURLs().length > 0) {
+        return false;
+      }
+      loader = loader.getParent();
+    }
+    return false;
   }
 
   /** Spark's own compilation of {@code key}, throwing what Spark's loader throws (a compile
