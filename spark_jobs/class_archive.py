@@ -45,7 +45,15 @@ from pathlib import Path
 from kwire.runtime import cache_dir
 from spark_jobs.driver_java import driver_java
 
-__all__ = ["archive_classpath", "archive_dir", "archive_options", "note_driver_pid", "pid_alive", "record"]
+__all__ = [
+    "archive_classpath",
+    "archive_dir",
+    "archive_options",
+    "jar_listing",
+    "note_driver_pid",
+    "pid_alive",
+    "record",
+]
 
 _REPO = Path(__file__).resolve().parents[1]
 
@@ -67,12 +75,17 @@ def _pyspark_jars() -> Path:
     return Path(pyspark.__file__).resolve().parent / "jars"
 
 
+def jar_listing(jars: Path) -> list[tuple[str, int]]:
+    """(name, size) of each jar in ``jars``, sorted: what names a set of jars."""
+    return sorted((p.name, p.stat().st_size) for p in jars.glob("*.jar")) if jars.is_dir() else []
+
+
 def _key() -> str:
     """Names the JVM and the jar set: an archive only fits the classpath it was made from."""
     import pyspark
 
     jars = _pyspark_jars()
-    listing = sorted((p.name, p.stat().st_size) for p in jars.glob("*.jar")) if jars.is_dir() else []
+    listing = jar_listing(jars)
     digest = hashlib.sha256(repr((str(driver_java()), str(jars), listing, _LAYOUT)).encode()).hexdigest()[:16]
     return f"driver-{pyspark.__version__}-{digest}"
 
@@ -243,8 +256,9 @@ def _warm_up_dataset(work: Path) -> Path:
 
 
 def _warm_up(spark, work: Path) -> None:
-    """Load the classes a run loads: the whole analysis over the bundled capture (with and
-    without code generation), then a few queries over rows (a Parquet round trip, joins, windows, aggregates, a checkpoint)."""
+    """Load the classes a run loads: the whole analysis over the bundled capture (without code
+    generation, then with it), then a few queries over rows (a Parquet round trip, joins,
+    windows, aggregates, a checkpoint)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 

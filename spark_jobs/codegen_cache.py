@@ -30,6 +30,7 @@ recently used files first). ``KWIRE_SPARK_CODEGEN_CACHE=0`` turns it off.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import shutil
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from kwire.runtime import cache_dir
+from spark_jobs.class_archive import jar_listing
 from spark_jobs.driver_java import driver_java
 
 __all__ = ["MAX_BYTES", "cache_folder", "counts", "hook_classes", "install", "prune"]
@@ -63,12 +65,12 @@ def _jars() -> Path:
     return Path(pyspark.__file__).resolve().parent / "jars"
 
 
+@functools.cache
 def _jar_set() -> str:
     """Names pyspark's version and jars: generated source compiles to other bytes against others."""
     import pyspark
 
-    jars = _jars()
-    listing = sorted((p.name, p.stat().st_size) for p in jars.glob("*.jar")) if jars.is_dir() else []
+    listing = jar_listing(_jars())
     return f"{pyspark.__version__}-{hashlib.sha256(repr(listing).encode()).hexdigest()[:16]}"
 
 
