@@ -269,14 +269,17 @@ def _warm_up(spark, work: Path) -> None:
 
     dataset = _warm_up_dataset(work)
     analyse(spark, dataset, work / "report", versions=load_broker_versions())
+
     # again with code generation, as past the tiny size: the classes Janino makes for the
     # analysis go to spark_jobs.codegen_cache's folder, for a first analysis of such a dataset
+    def settings_for(data_bytes: int) -> None:
+        for key, value in session_sql_conf(data_bytes).items():
+            spark.conf.set(key, value)
+
     codegen_cache.install(spark)
-    for key, value in session_sql_conf(TINY_DATA_BYTES + 1).items():
-        spark.conf.set(key, value)
+    settings_for(TINY_DATA_BYTES + 1)
     analyse(spark, dataset, work / "report-codegen", versions=load_broker_versions())
-    for key, value in session_sql_conf(0).items():
-        spark.conf.set(key, value)
+    settings_for(0)
     rows = spark.range(2000).select(
         (F.col("id") % 7).alias("k"), F.col("id").alias("v"), F.timestamp_micros("id").alias("t")
     )

@@ -16,6 +16,7 @@ import java.nio.file.Paths;
 import java.nio.file.StandardCopyOption;
 import java.security.MessageDigest;
 import java.util.HashMap;
+import java.util.HexFormat;
 import java.util.Map;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.zip.DeflaterOutputStream;
@@ -181,11 +182,7 @@ public final class CodegenDiskCache extends CacheLoader<Object, Object> {
 
   private Path fileFor(String body) throws Exception {
     MessageDigest sha = MessageDigest.getInstance("SHA-256");
-    byte[] digest = sha.digest(body.getBytes(StandardCharsets.UTF_8));
-    StringBuilder hex = new StringBuilder();
-    for (byte b : digest) {
-      hex.append(String.format("%02x", b));
-    }
+    String hex = HexFormat.of().formatHex(sha.digest(body.getBytes(StandardCharsets.UTF_8)));
     return dir.resolve(hex.substring(0, 2)).resolve(hex.substring(2) + ".class-set");
   }
 
